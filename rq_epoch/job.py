@@ -1,0 +1,104 @@
+"""RQ's Job with the lease epoch and the stall counters."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rq.job import Job as RQJob
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .registry import StartedJobRegistry
+
+__all__ = ['Job']
+
+
+def _text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        return raw.decode('utf-8', 'replace')
+    return str(raw)
+
+
+def _int(raw: Any, default: int | None) -> int | None:
+    text = _text(raw)
+    if text is None or text == '':
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+def _field(raw_data: Any, name: str) -> Any:
+    if name in raw_data:
+        return raw_data[name]
+    return raw_data.get(name.encode())
+
+
+class Job(RQJob):
+    """An RQ job whose lease is stamped with the server epoch.
+
+    Attributes read from the job hash (written only by rq-epoch's scripts):
+
+    * ``lease_epoch``: run_id of the server process that last granted or extended the lease.
+    * ``stalled``: counted stalls so far.
+    * ``exempt_recoveries``: requeues after leases that crossed a restart (not counted).
+
+    Set by you at enqueue time (see :class:`rq_epoch.Queue`):
+
+    * ``max_stalled``: this job's stall budget; None uses the sweeper's setting.
+
+    ``save()`` never writes the stamp or the counters, so a stale copy of a job can't
+    clobber what the scripts wrote.
+    """
+
+    lease_epoch: str | None
+    lease_execution: str | None
+    stalled: int
+    exempt_recoveries: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.lease_epoch = None
+        self.lease_execution = None
+        self.stalled = 0
+        self.exempt_recoveries = 0
+        self._max_stalled: int | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def max_stalled(self) -> int | None:
+        """This job's stall budget, or None to use the sweeper's default."""
+        return self._max_stalled
+
+    @max_stalled.setter
+    def max_stalled(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigurationError(f'max_stalled must be a whole number of at least 1, got {value!r}')
+        self._max_stalled = value
+
+    def restore(self, raw_data: Any) -> Any:
+        result = super().restore(raw_data)
+        self.lease_epoch = _text(_field(raw_data, 'lease_epoch'))
+        self.lease_execution = _text(_field(raw_data, 'lease_execution'))
+        self.stalled = _int(_field(raw_data, 'stalled'), 0) or 0
+        self.exempt_recoveries = _int(_field(raw_data, 'exempt_recoveries'), 0) or 0
+        max_stalled = _int(_field(raw_data, 'max_stalled'), None)
+        self._max_stalled = max_stalled if max_stalled is not None and max_stalled >= 1 else None
+        return result
+
+    def to_dict(self, include_meta: bool = True, include_result: bool = True) -> dict:
+        data = super().to_dict(include_meta=include_meta, include_result=include_result)
+        if self._max_stalled is not None:
+            data['max_stalled'] = self._max_stalled
+        return data
+
+    @property
+    def started_job_registry(self) -> StartedJobRegistry:  # type: ignore[override]
+        from .registry import StartedJobRegistry
+
+        return StartedJobRegistry(
+            self.origin, connection=self.connection, job_class=self.__class__, serializer=self.serializer
+        )

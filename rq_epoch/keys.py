@@ -1,0 +1,42 @@
+"""Names of the keys rq-epoch adds. They follow RQ's key prefix (``RQ_KEY_PREFIX`` in RQ 3)."""
+
+from __future__ import annotations
+
+try:  # RQ 3.0 made the prefix configurable
+    from rq.defaults import RQ_KEY_PREFIX as _RQ_PREFIX
+except ImportError:  # RQ 2.x: fixed prefix
+    _RQ_PREFIX = 'rq'
+
+__all__ = ['PREFIX', 'failed_key', 'finishing_key', 'job_key', 'leases_key', 'stats_key', 'wip_key']
+
+PREFIX: str = _RQ_PREFIX
+
+
+def leases_key(queue_name: str) -> str:
+    """Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline."""
+    return f'{PREFIX}:epoch:leases:{queue_name}'
+
+
+def finishing_key() -> str:
+    """Sorted set of dead letters whose Python side effects have not run yet (``<queue>|<job_id>``)."""
+    return f'{PREFIX}:epoch:finishing'
+
+
+def stats_key(queue_name: str) -> str:
+    """Hash of per-verdict counters of a queue, kept by the sweep."""
+    return f'{PREFIX}:epoch:stats:{queue_name}'
+
+
+def wip_key(queue_name: str) -> str:
+    """RQ's StartedJobRegistry key."""
+    return f'{PREFIX}:wip:{queue_name}'
+
+
+def failed_key(queue_name: str) -> str:
+    """RQ's FailedJobRegistry key."""
+    return f'{PREFIX}:failed:{queue_name}'
+
+
+def job_key(job_id: str) -> str:
+    """RQ's job hash key."""
+    return f'{PREFIX}:job:{job_id}'

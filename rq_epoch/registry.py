@@ -1,0 +1,82 @@
+"""RQ's StartedJobRegistry, with leases managed by rq-epoch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rq.registry import StartedJobRegistry as RQStartedJobRegistry
+
+from . import keys, scripts
+from .job import Job
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+    from rq.executions import Execution
+
+    from .sweep import SweepReport
+
+__all__ = ['StartedJobRegistry']
+
+#: RQ's score for "never expires"; stock cleanup ignores such entries.
+NO_EXPIRY = '+inf'
+
+
+class StartedJobRegistry(RQStartedJobRegistry):
+    """The registry of running jobs, whose expiry is rq-epoch's business.
+
+    The entry in RQ's ``<prefix>:wip:<queue>`` keeps RQ's "no expiry" score, so no stock
+    cleanup (``rq info``, dashboards, stock workers) can fail or retry a managed job. The
+    lease deadline lives in ``<prefix>:epoch:leases:<queue>``, written with the stamp by
+    the grant and extend scripts, and :meth:`cleanup` is the epoch-aware sweep.
+    """
+
+    job_class = Job
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.leases_key = keys.leases_key(self.name)
+        #: Index, in the pipeline, of the extend script queued by the last heartbeat.
+        self.extend_index: int | None = None
+        #: Report of the last :meth:`cleanup`.
+        self.last_report: SweepReport | None = None
+
+    def add_execution(self, execution: Execution, pipeline: Pipeline, ttl: int = 0, xx: bool = False) -> int:
+        """Register an execution: RQ's entry with no expiry, and the stamped lease.
+
+        Without ``xx`` (an execution starting) the grant script is queued; with ``xx`` (a
+        heartbeat) the extend script is, and :attr:`extend_index` says where its answer is.
+        """
+        pipeline.zadd(self.key, {execution.composite_key: NO_EXPIRY}, xx=xx)
+        lease_args = [execution.composite_key, max(int(ttl), 1)]
+        job_key = keys.job_key(execution.job_id)
+        if xx:
+            self.extend_index = len(pipeline)
+            scripts.extend().queue(pipeline, [self.leases_key, job_key], lease_args)
+        else:
+            scripts.grant().queue(pipeline, [self.leases_key, job_key], [*lease_args, execution.id])
+        return 0
+
+    def remove_execution(self, execution: Execution, *args: Any, **kwargs: Any) -> None:
+        """Remove RQ's entry and the lease of an execution that ended."""
+        pipeline = kwargs.get('pipeline')
+        if pipeline is None and len(args) >= 2:
+            pipeline = args[1]
+        super().remove_execution(execution, *args, **kwargs)
+        connection = pipeline if pipeline is not None else self.connection
+        connection.zrem(self.leases_key, execution.composite_key)
+
+    def cleanup(self, timestamp: float | None = None, exception_handlers: list | None = None) -> None:
+        """Run the epoch-aware sweep on this queue (instead of RQ's abandoned-job cleanup).
+
+        ``timestamp`` is ignored: expiry is judged by the server clock. The report is kept
+        in :attr:`last_report`.
+        """
+        from .sweep import Sweeper
+
+        sweeper = Sweeper(
+            self.connection,
+            job_class=self.job_class,
+            serializer=self.serializer,
+            exception_handlers=exception_handlers,
+        )
+        self.last_report = sweeper.sweep([self.name])

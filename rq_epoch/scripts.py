@@ -1,0 +1,115 @@
+"""Loads the server-side scripts once and calls them by SHA.
+
+Each verb lives in its own file under ``rq_epoch/scripts/``; a line
+``-- @include NAME`` pastes a helper file. Scripts are called with EVALSHA and reloaded
+when the server answers NOSCRIPT (as it does after every restart). On a pipeline the
+EVALSHA is queued directly, so a script adds no round trip of its own (a redis-py
+``Script`` object would send SCRIPT EXISTS first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from .errors import EpochUnavailableError
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.client import Pipeline
+
+__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'extend', 'grant', 'raise_typed', 'sweep']
+
+EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
+
+
+def _read(name: str) -> str:
+    return resources.files('rq_epoch').joinpath('scripts', name).read_text(encoding='utf-8')
+
+
+def _expand(text: str) -> str:
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith('-- @include '):
+            lines.append(_expand(_read(stripped[len('-- @include ') :].strip())))
+        else:
+            lines.append(line)
+    return '\n'.join(lines) + '\n'
+
+
+def raise_typed(exc: ResponseError) -> None:
+    """Re-raise a server error from a script as rq-epoch's typed error where one applies."""
+    text = str(exc)
+    if EPOCH_UNAVAILABLE in text:
+        detail = text.split(EPOCH_UNAVAILABLE, 1)[1].strip()
+        raise EpochUnavailableError(f'the server did not yield a valid run_id: {detail}') from exc
+    if text.startswith('NOPERM'):
+        raise EpochUnavailableError(f'the server refused an rq-epoch script: {text}') from exc
+    raise exc
+
+
+@dataclass(frozen=True)
+class ServerScript:
+    """One server-side verb: its source (helpers pasted in) and its SHA1."""
+
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode('utf-8')).hexdigest()
+
+    def load(self, connection: Redis) -> None:
+        """Load the script into the server's script cache."""
+        try:
+            connection.script_load(self.source)
+        except ResponseError as exc:
+            raise_typed(exc)
+
+    def __call__(self, connection: Redis, keys: list[str], args: list[Any]) -> Any:
+        """Run the script now, loading it first if the server does not know it."""
+        try:
+            try:
+                return connection.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                self.load(connection)
+                return connection.evalsha(self.sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            raise_typed(exc)
+
+    def queue(self, pipeline: Pipeline, keys: list[str], args: list[Any]) -> None:
+        """Queue an EVALSHA on ``pipeline``; the caller handles NOSCRIPT from ``execute()``."""
+        pipeline.execute_command('EVALSHA', self.sha, len(keys), *keys, *args)
+
+
+@cache
+def _script(name: str) -> ServerScript:
+    return ServerScript(name, _expand(_read(f'{name}.lua')))
+
+
+def grant() -> ServerScript:
+    return _script('grant')
+
+
+def extend() -> ServerScript:
+    return _script('extend')
+
+
+def sweep() -> ServerScript:
+    return _script('sweep')
+
+
+def claim() -> ServerScript:
+    return _script('claim')
+
+
+def load_all(connection: Redis) -> None:
+    """Load every script (a worker does this at start and after the server returns)."""
+    for script in (grant(), extend(), sweep(), claim()):
+        script.load(connection)

@@ -1,0 +1,187 @@
+-- sweep: give each expired lease of one queue exactly one verdict.
+--
+-- Runs atomically per call, so any number of sweepers (every worker's maintenance and
+-- any number of cron jobs) can run at once: a lease is judged by exactly one of them.
+--
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
+-- KEYS[3]  dead letters awaiting their Python side effects (<prefix>:epoch:finishing)
+-- KEYS[4]  per-queue verdict counters        (<prefix>:epoch:stats:<queue>)
+-- ARGV[1]  RQ key prefix ("rq"): job, execution and queue keys are derived from it
+-- ARGV[2]  queue name (used when a job has no origin)
+-- ARGV[3]  batch: at most this many entries are read from each sorted set
+-- ARGV[4]  default max_stalled (a job's own max_stalled field wins)
+-- ARGV[5]  restart grace in seconds: uncounted leases wait until the server is this old
+-- ARGV[6]  failure TTL in seconds for jobs without their own failure_ttl
+-- ARGV[7]  "1" for a dry run: verdicts are computed, nothing is written
+-- ARGV[8]  offset into the expired entries (dry runs page with it; 0 otherwise)
+--
+-- Expired entries are read from two places: rq-epoch's leases (deadline <= TIME), and
+-- RQ's StartedJobRegistry entries with a finite expired score, which only stock workers
+-- write (rq-epoch gives its own entries the score +inf). The latter carry no stamp of
+-- rq-epoch's and are never counted.
+--
+-- Verdicts (DESIGN.md):
+--   ghost      job hash gone                      -> entry removed
+--   corrupt    member malformed / job not a hash  -> entry removed, foreign key untouched
+--   settled    job no longer started              -> entry removed, job untouched
+--   exempt     stamp missing or another process   -> requeued at front, stalled unchanged
+--   recovered  stamp is this process, budget left -> stalled + 1, requeued at front
+--   dead       stamp is this process, budget gone -> stalled + 1, failed, awaiting finish
+--   deferred   uncounted, but the server is younger than the grace: left for later
+--
+-- Returns {run_id, uptime, now, more, n, <n records of 7 fields>} where a record is
+-- {member, job_id, verdict, stalled, max_stalled, lease_epoch, origin}.
+
+-- @include _epoch.lua
+
+local run_id, uptime, err = current_epoch()
+if err then return redis.error_reply(err) end
+
+local prefix = ARGV[1]
+local default_queue = ARGV[2]
+local batch = tonumber(ARGV[3])
+local default_max = tonumber(ARGV[4])
+local grace = tonumber(ARGV[5])
+local default_failure_ttl = tonumber(ARGV[6])
+local dry = ARGV[7] == '1'
+local offset = tonumber(ARGV[8])
+local now = server_now()
+
+local out = {}
+local n = 0
+
+local function record(member, job_id, verdict, stalled, max_stalled, epoch, origin)
+  n = n + 1
+  local row = {member, job_id or '', verdict, tostring(stalled or 0), tostring(max_stalled or 0),
+               epoch or '', origin or ''}
+  for i = 1, 7 do out[#out + 1] = row[i] end
+  if not dry and verdict ~= 'deferred' then
+    redis.call('HINCRBY', KEYS[4], verdict, 1)
+  end
+end
+
+-- Forget the lease entry and RQ's records of the execution.
+local function drop(member, job_id, exec_id)
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('ZREM', KEYS[2], member)
+  if job_id and exec_id then
+    local execution_key = prefix .. ':execution:' .. member
+    local worker_name = redis.call('HGET', execution_key, 'worker_name')
+    redis.call('DEL', execution_key)
+    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+    if worker_name and worker_name ~= '' then
+      redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
+    end
+  end
+end
+
+local function requeue(job_key, job_id, origin)
+  local queue_key = prefix .. ':queue:' .. origin
+  redis.call('HSET', job_key, 'status', 'queued', 'started_at', '')
+  redis.call('LREM', queue_key .. ':intermediate', 0, job_id)
+  redis.call('LPUSH', queue_key, job_id)
+  redis.call('SADD', prefix .. ':queues', queue_key)
+end
+
+local function bury(job_key, job_id, origin, failure_ttl)
+  local ttl = tonumber(failure_ttl)
+  if ttl == nil or ttl <= 0 then ttl = default_failure_ttl end
+  redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1')
+  redis.call('LREM', prefix .. ':queue:' .. origin .. ':intermediate', 0, job_id)
+  redis.call('ZADD', prefix .. ':failed:' .. origin, now + ttl, job_id)
+  redis.call('ZADD', KEYS[3], 0, origin .. '|' .. job_id)
+end
+
+local function judge(member, stock)
+  local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+  if not job_id then
+    if not dry then drop(member, nil, nil) end
+    return record(member, nil, 'corrupt')
+  end
+  local job_key = prefix .. ':job:' .. job_id
+  local kind = redis.call('TYPE', job_key)['ok']
+  if kind == 'none' then
+    if not dry then drop(member, job_id, exec_id) end
+    return record(member, job_id, 'ghost')
+  end
+  if kind ~= 'hash' then
+    if not dry then drop(member, nil, nil) end
+    return record(member, job_id, 'corrupt')
+  end
+
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled',
+                       'origin', 'lease_execution', 'failure_ttl')
+  local status, epoch, lease_execution = f[1], f[2], f[6]
+  local stalled = tonumber(f[3]) or 0
+  local max_stalled = tonumber(f[4])
+  if max_stalled == nil or max_stalled < 1 or max_stalled % 1 ~= 0 then max_stalled = default_max end
+  local origin = f[5]
+  if not origin or origin == '' then origin = default_queue end
+  if stock then epoch = false end
+
+  local never_started = false
+  if status == 'started' then
+    if not stock and lease_execution and lease_execution ~= exec_id then
+      if not dry then drop(member, job_id, exec_id) end
+      return record(member, job_id, 'settled', stalled, max_stalled, epoch, origin)
+    end
+  elseif status == 'queued' and not stock and lease_execution == exec_id
+      and not redis.call('LPOS', prefix .. ':queue:' .. origin, job_id) then
+    -- Granted, then the worker died before the job started: it never ran, so it did
+    -- not stall. Requeued uncounted.
+    never_started = true
+  else
+    if not dry then drop(member, job_id, exec_id) end
+    return record(member, job_id, 'settled', stalled, max_stalled, epoch, origin)
+  end
+
+  local counted = (not never_started) and epoch and epoch == run_id
+  if not counted then
+    if uptime < grace then
+      return record(member, job_id, 'deferred', stalled, max_stalled, epoch, origin)
+    end
+    if not dry then
+      drop(member, job_id, exec_id)
+      requeue(job_key, job_id, origin)
+      redis.call('HINCRBY', job_key, 'exempt_recoveries', 1)
+    end
+    return record(member, job_id, 'exempt', stalled, max_stalled, epoch, origin)
+  end
+
+  stalled = stalled + 1
+  if not dry then
+    local epochs = redis.call('HGET', job_key, 'stall_epochs')
+    if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
+    redis.call('HSET', job_key, 'stall_epochs', epochs)
+  end
+  if stalled < max_stalled then
+    if not dry then
+      drop(member, job_id, exec_id)
+      redis.call('HSET', job_key, 'stalled', stalled)
+      requeue(job_key, job_id, origin)
+    end
+    return record(member, job_id, 'recovered', stalled, max_stalled, epoch, origin)
+  end
+  if not dry then
+    drop(member, job_id, exec_id)
+    redis.call('HSET', job_key, 'stalled', stalled)
+    bury(job_key, job_id, origin, f[7])
+  end
+  return record(member, job_id, 'dead', stalled, max_stalled, epoch, origin)
+end
+
+local leases = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', offset, batch)
+for _, member in ipairs(leases) do judge(member, false) end
+
+-- Stock workers' entries: finite, expired scores in RQ's registry, not managed by us.
+local stock = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', offset, batch)
+for _, member in ipairs(stock) do
+  if not redis.call('ZSCORE', KEYS[1], member) then judge(member, true) end
+end
+
+local more = 0
+if #leases >= batch or #stock >= batch then more = 1 end
+local head = {run_id, tostring(uptime), tostring(now), more, n}
+for i = 1, #out do head[#head + 1] = out[i] end
+return head

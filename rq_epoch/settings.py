@@ -1,0 +1,97 @@
+"""Settings read from the environment, so a service file can set them without code.
+
+Constructor arguments override the environment; the environment overrides the defaults.
+
+=============================  =======  ==================================================
+variable                       default  meaning
+=============================  =======  ==================================================
+``RQ_EPOCH_MAX_STALLED``       3        counted stalls a job may have; the last one kills it
+``RQ_EPOCH_HEARTBEAT_INTERVAL`` 30      seconds between heartbeats (RQ's job monitoring)
+``RQ_EPOCH_LEASE_MARGIN``      30       seconds a lease outlives its last heartbeat
+``RQ_EPOCH_SWEEP_INTERVAL``    30       seconds between a worker's own sweeps
+``RQ_EPOCH_RESTART_GRACE``     (auto)   seconds after a server start before uncounted
+                                        leases are swept; default heartbeat + margin
+``RQ_EPOCH_BATCH_SIZE``        100      leases judged per sweep script call
+=============================  =======  ==================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from .errors import ConfigurationError
+
+__all__ = ['DEFAULTS', 'EpochSettings']
+
+_FIELDS = {
+    'max_stalled': ('RQ_EPOCH_MAX_STALLED', 1),
+    'heartbeat_interval': ('RQ_EPOCH_HEARTBEAT_INTERVAL', 1),
+    'lease_margin': ('RQ_EPOCH_LEASE_MARGIN', 1),
+    'sweep_interval': ('RQ_EPOCH_SWEEP_INTERVAL', 1),
+    'restart_grace': ('RQ_EPOCH_RESTART_GRACE', 0),
+    'batch_size': ('RQ_EPOCH_BATCH_SIZE', 1),
+}
+
+
+def _parse(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigurationError(f'{name} must be a whole number, got {value!r}')
+    if isinstance(value, int):
+        number = value
+    else:
+        text = str(value).strip()
+        try:
+            number = int(text)
+        except ValueError:
+            raise ConfigurationError(f'{name} must be a whole number, got {value!r}') from None
+    if number < minimum:
+        raise ConfigurationError(f'{name} must be at least {minimum}, got {number}')
+    return number
+
+
+@dataclass(frozen=True)
+class EpochSettings:
+    """rq-epoch's settings, validated. Build it with :meth:`resolve`."""
+
+    max_stalled: int = 3
+    heartbeat_interval: int = 30
+    lease_margin: int = 30
+    sweep_interval: int = 30
+    restart_grace: int | None = None
+    batch_size: int = 100
+
+    @property
+    def lease_ttl(self) -> int:
+        """Seconds from one heartbeat to the lease deadline."""
+        return self.heartbeat_interval + self.lease_margin
+
+    @property
+    def grace(self) -> int:
+        """The restart grace in force: the explicit value, else one heartbeat plus margin."""
+        if self.restart_grace is not None:
+            return self.restart_grace
+        return self.heartbeat_interval + self.lease_margin
+
+    @classmethod
+    def resolve(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EpochSettings:
+        """Defaults, then ``RQ_EPOCH_*`` variables, then keyword arguments that are not None.
+
+        Raises:
+            ConfigurationError: a value is not a whole number or is below its minimum.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, int | None] = {}
+        for field, (variable, minimum) in _FIELDS.items():
+            override = overrides.pop(field, None)
+            if override is not None:
+                values[field] = _parse(field, override, minimum)
+            elif env.get(variable, '').strip():
+                values[field] = _parse(variable, env[variable], minimum)
+        if overrides:
+            raise TypeError(f'unknown settings: {", ".join(sorted(overrides))}')
+        return replace(DEFAULTS, **values)
+
+
+DEFAULTS = EpochSettings()

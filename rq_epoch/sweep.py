@@ -1,0 +1,426 @@
+"""The epoch-aware sweep: verdicts for expired leases, and the finishing of dead letters."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError, WatchError
+from rq.defaults import DEFAULT_FAILURE_TTL
+from rq.exceptions import NoSuchJobError
+from rq.job import JobStatus
+from rq.serializers import resolve_serializer
+from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
+from rq.utils import now
+
+from . import epoch, keys, scripts
+from .errors import EpochUnavailableError, StalledJobError
+from .job import Job
+from .queue import Queue
+from .settings import EpochSettings
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+__all__ = ['VERDICTS', 'LeaseVerdict', 'ServerEpoch', 'SweepReport', 'Sweeper', 'read_epoch']
+
+logger = logging.getLogger('rq_epoch')
+
+#: Every verdict the sweep gives, in the order reports list them.
+VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead', 'deferred')
+
+_LOG_LEVELS = {
+    'ghost': logging.INFO,
+    'corrupt': logging.WARNING,
+    'settled': logging.INFO,
+    'exempt': logging.INFO,
+    'recovered': logging.WARNING,
+    'dead': logging.ERROR,
+    'deferred': logging.DEBUG,
+}
+
+
+@dataclass(frozen=True)
+class ServerEpoch:
+    """The server process the sweep talks to: its run_id, uptime and role."""
+
+    run_id: str
+    uptime: int
+    role: str = ''
+
+
+def read_epoch(connection: Redis) -> ServerEpoch:
+    """Read the current epoch with INFO server, for start-up checks and status views.
+
+    Raises:
+        EpochUnavailableError: INFO is refused (ACL) or has no valid run_id.
+    """
+    try:
+        info = connection.info('server')
+    except ResponseError as exc:
+        if str(exc).startswith('NOPERM'):
+            raise EpochUnavailableError(
+                'the server user may not run INFO (grant it with the ACL rule +info); '
+                f'rq-epoch needs INFO server to read the run_id: {exc}'
+            ) from exc
+        raise
+    run_id = info.get('run_id')
+    if not epoch.is_valid_run_id(str(run_id) if run_id is not None else None):
+        raise EpochUnavailableError(
+            f'INFO server answered without a valid run_id ({run_id!r}); rq-epoch needs the '
+            '40-character run_id of the server process (is a proxy hiding it?)'
+        )
+    role = ''
+    try:
+        role = str(connection.info('replication').get('role', ''))
+    except ResponseError:
+        pass
+    return ServerEpoch(run_id=str(run_id), uptime=int(info.get('uptime_in_seconds', 0)), role=role)
+
+
+@dataclass(frozen=True)
+class LeaseVerdict:
+    """What the sweep decided for one expired lease."""
+
+    queue: str
+    member: str
+    job_id: str
+    verdict: str
+    stalled: int
+    max_stalled: int
+    lease_epoch: str
+    run_id: str
+
+    @property
+    def counted(self) -> bool:
+        """True when this verdict counted a stall (recovered or dead)."""
+        return self.verdict in ('recovered', 'dead')
+
+
+@dataclass
+class SweepReport:
+    """Everything one sweep did, for the worker's log, the CLI, or your own monitoring."""
+
+    run_id: str = ''
+    uptime: int = 0
+    dry_run: bool = False
+    queues: list[str] = field(default_factory=list)
+    verdicts: list[LeaseVerdict] = field(default_factory=list)
+    #: Dead letters whose side effects (result, callback, dependents) this sweep ran.
+    finished: list[str] = field(default_factory=list)
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        """Number of leases per verdict (every verdict listed, zeros included)."""
+        counter = Counter(v.verdict for v in self.verdicts if queue is None or v.queue == queue)
+        return {name: counter.get(name, 0) for name in VERDICTS}
+
+    @property
+    def total(self) -> int:
+        """Leases given a verdict (deferred ones excluded)."""
+        return sum(1 for v in self.verdicts if v.verdict != 'deferred')
+
+    def by_job(self, job_id: str) -> list[LeaseVerdict]:
+        return [v for v in self.verdicts if v.job_id == job_id]
+
+    def merge(self, other: SweepReport) -> None:
+        self.run_id = other.run_id or self.run_id
+        self.uptime = other.uptime or self.uptime
+        self.queues.extend(q for q in other.queues if q not in self.queues)
+        self.verdicts.extend(other.verdicts)
+        self.finished.extend(other.finished)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form: totals per queue and every verdict."""
+        return {
+            'run_id': self.run_id,
+            'uptime': self.uptime,
+            'dry_run': self.dry_run,
+            'queues': {name: self.counts(name) for name in self.queues},
+            'totals': self.counts(),
+            'finished': list(self.finished),
+            'verdicts': [asdict(v) for v in self.verdicts],
+        }
+
+
+def _text(value: Any) -> str:
+    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
+
+
+class Sweeper:
+    """Runs the epoch-aware sweep over queues and finishes the jobs it dead-letters.
+
+    Safe to run from any number of processes at once: each expired lease is judged by
+    exactly one sweep script call, and each dead letter's side effects are claimed.
+
+    Subclassing points: :meth:`failure_reason` (the text of a dead letter's failure),
+    :meth:`log_verdict`, and :meth:`before_finish` (called after a script returned, before
+    the side effects of its dead letters run; the tests use it to kill a sweeper there).
+    """
+
+    job_class: type[Job] = Job
+    queue_class: type[Queue] = Queue
+    death_penalty_class: type[BaseDeathPenalty] = UnixSignalDeathPenalty
+
+    def __init__(
+        self,
+        connection: Redis,
+        *,
+        settings: EpochSettings | None = None,
+        max_stalled: int | None = None,
+        batch_size: int | None = None,
+        restart_grace: int | None = None,
+        job_class: type[Job] | None = None,
+        serializer: Any = None,
+        failure_ttl: int = DEFAULT_FAILURE_TTL,
+        claim_ttl: int = 300,
+        exception_handlers: Sequence[Callable[..., Any]] | None = None,
+        death_penalty_class: type[BaseDeathPenalty] | None = None,
+    ) -> None:
+        base = settings or EpochSettings.resolve()
+        self.settings = EpochSettings.resolve(
+            environ={},
+            max_stalled=max_stalled if max_stalled is not None else base.max_stalled,
+            heartbeat_interval=base.heartbeat_interval,
+            lease_margin=base.lease_margin,
+            sweep_interval=base.sweep_interval,
+            restart_grace=restart_grace if restart_grace is not None else base.restart_grace,
+            batch_size=batch_size if batch_size is not None else base.batch_size,
+        )
+        self.connection = connection
+        if job_class is not None:
+            if not issubclass(job_class, Job):
+                job_class = Job
+            self.job_class = job_class
+        self.serializer = resolve_serializer(serializer)
+        self.failure_ttl = failure_ttl
+        self.claim_ttl = claim_ttl
+        self.exception_handlers = list(exception_handlers or [])
+        if death_penalty_class is not None:
+            self.death_penalty_class = death_penalty_class
+
+    # -- the sweep -------------------------------------------------------------------
+
+    def sweep(
+        self,
+        queue_names: Iterable[str],
+        *,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> SweepReport:
+        """Judge every expired lease of the given queues, in bounded batches.
+
+        Dead letters are finished (result, callback, dependents) before this returns,
+        including any left unfinished by a sweeper that died. ``progress`` is called with
+        the number of leases judged by each script call.
+
+        Raises:
+            EpochUnavailableError: the server yields no valid run_id (nothing is written).
+        """
+        current = read_epoch(self.connection)
+        report = SweepReport(run_id=current.run_id, uptime=current.uptime, dry_run=dry_run)
+        for name in queue_names:
+            report.queues.append(name)
+            self._sweep_queue(name, report, dry_run, progress)
+        if not dry_run:
+            self.finish_dead_letters(report)
+        return report
+
+    def _sweep_queue(
+        self, name: str, report: SweepReport, dry_run: bool, progress: Callable[[int], None] | None
+    ) -> None:
+        offset = 0
+        # Every call that judges anything removes what it judged, so this ends; the
+        # bound only guards against a server that keeps answering "more".
+        for _ in range(1_000_000):
+            verdicts, more = self._call(name, dry_run, offset)
+            report.verdicts.extend(verdicts)
+            judged = sum(1 for v in verdicts if v.verdict != 'deferred')
+            if progress is not None and verdicts:
+                progress(len(verdicts))
+            for verdict in verdicts:
+                if not dry_run:
+                    self.log_verdict(verdict)
+            if any(v.verdict == 'dead' for v in verdicts) and not dry_run:
+                self.before_finish(verdicts)
+            if not more:
+                break
+            if dry_run:
+                offset += self.settings.batch_size
+            elif judged == 0:
+                break
+            else:
+                report.run_id = verdicts[0].run_id if verdicts else report.run_id
+
+    def _call(self, name: str, dry_run: bool, offset: int) -> tuple[list[LeaseVerdict], bool]:
+        result = scripts.sweep()(
+            self.connection,
+            [keys.leases_key(name), keys.wip_key(name), keys.finishing_key(), keys.stats_key(name)],
+            [
+                keys.PREFIX,
+                name,
+                self.settings.batch_size,
+                self.settings.max_stalled,
+                self.settings.grace,
+                self.failure_ttl,
+                '1' if dry_run else '0',
+                offset,
+            ],
+        )
+        run_id = _text(result[0])
+        more = int(result[3]) == 1
+        count = int(result[4])
+        rows = result[5:]
+        verdicts = []
+        for i in range(count):
+            member, job_id, verdict, stalled, max_stalled, lease_epoch, _origin = (
+                _text(x) for x in rows[i * 7 : i * 7 + 7]
+            )
+            verdicts.append(
+                LeaseVerdict(
+                    queue=name,
+                    member=member,
+                    job_id=job_id,
+                    verdict=verdict,
+                    stalled=int(stalled),
+                    max_stalled=int(max_stalled),
+                    lease_epoch=lease_epoch,
+                    run_id=run_id,
+                )
+            )
+        return verdicts, more
+
+    def log_verdict(self, verdict: LeaseVerdict) -> None:
+        """Log one line per verdict on the ``rq_epoch`` logger."""
+        logger.log(
+            _LOG_LEVELS.get(verdict.verdict, logging.INFO),
+            'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s',
+            verdict.job_id or '-',
+            verdict.queue,
+            verdict.verdict,
+            verdict.stalled,
+            verdict.max_stalled,
+            verdict.lease_epoch or '(none)',
+            verdict.run_id,
+        )
+
+    def before_finish(self, verdicts: list[LeaseVerdict]) -> None:
+        """Called after a sweep call gave dead verdicts, before their side effects run."""
+
+    # -- dead letters ----------------------------------------------------------------
+
+    def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
+        """Run the side effects of dead letters nobody has finished (claimed, bounded)."""
+        done: list[str] = []
+        while len(done) < limit:
+            claimed = scripts.claim()(
+                self.connection, [keys.finishing_key()], [min(100, limit - len(done)), self.claim_ttl]
+            )
+            if not claimed:
+                break
+            for raw in claimed:
+                member = _text(raw)
+                if self.finish(member):
+                    done.append(member.split('|', 1)[1])
+        if report is not None:
+            report.finished.extend(done)
+        return done
+
+    def failure_reason(self, job: Job, max_stalled: int) -> str:
+        """The text of a dead letter's failure, as ``exc_info`` and in its failure Result."""
+        epochs = self.connection.hget(job.key, 'stall_epochs')
+        epoch_list = _text(epochs).split(',') if epochs else [job.lease_epoch or '']
+        unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
+        return (
+            f'{StalledJobError.__name__}: job stalled {job.stalled} times (max_stalled {max_stalled}): '
+            f'its workers went away while the server stayed up; '
+            f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {now().isoformat()}'
+        )
+
+    def finish(self, member: str) -> bool:
+        """Side effects of one dead letter: callback, dependents, then the failure Result.
+
+        The callback and dependents run first; the Result is written in the same
+        transaction that removes the finishing entry, so it exists exactly once.
+        """
+        queue_name, job_id = member.split('|', 1)
+        finishing = keys.finishing_key()
+        try:
+            job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError:
+            self.connection.zrem(finishing, member)
+            return False
+        if job.get_status(refresh=False) != JobStatus.FAILED:
+            # Someone requeued it by hand before we finished: its death is moot.
+            self.connection.zrem(finishing, member)
+            return False
+        max_stalled = job.max_stalled or self.settings.max_stalled
+        reason = self.failure_reason(job, max_stalled)
+        error = StalledJobError(reason)
+        self._run_failure_callback(job, error)
+        for handler in self.exception_handlers:
+            try:
+                if handler(job, StalledJobError, error, None) is False:
+                    break
+            except Exception:
+                logger.exception('sweep: exception handler for job %s raised', job.id)
+        queue = self.queue_class(queue_name, connection=self.connection, serializer=self.serializer)
+        try:
+            queue.enqueue_dependents(job)
+        except Exception:
+            logger.exception('sweep: could not enqueue dependents of job %s', job.id)
+        if not self._record_failure(job, member, reason):
+            return False
+        self._after_failure(job, reason)
+        logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
+        return True
+
+    def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
+        try:
+            try:
+                from rq.callbacks import execute_failure_callback  # RQ 3
+            except ImportError:  # RQ 2.x
+                job.execute_failure_callback(self.death_penalty_class, StalledJobError, error, None)
+            else:
+                execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
+        except Exception:
+            logger.exception('sweep: on_failure callback of job %s raised', job.id)
+
+    def _record_failure(self, job: Job, member: str, reason: str) -> bool:
+        finishing = keys.finishing_key()
+        for _ in range(10):
+            with self.connection.pipeline() as pipeline:
+                try:
+                    pipeline.watch(finishing)
+                    if pipeline.zscore(finishing, member) is None:
+                        return False
+                    pipeline.multi()
+                    job.ended_at = now()
+                    job.set_status(JobStatus.FAILED, pipeline=pipeline)
+                    job._handle_failure(reason, pipeline)
+                    pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
+                    pipeline.zrem(finishing, member)
+                    pipeline.execute()
+                    return True
+                except WatchError:
+                    continue
+        return False
+
+    def _after_failure(self, job: Job, reason: str) -> None:
+        try:
+            from rq.rate_limit import release_slot  # RQ 3
+        except ImportError:
+            pass
+        else:
+            try:
+                release_slot(job)
+            except Exception:
+                logger.exception('sweep: could not release the rate-limit slot of job %s', job.id)
+        send = getattr(job, 'send_webhooks', None)
+        if send is not None:
+            try:
+                send(JobStatus.FAILED, exc_string=reason)
+            except Exception:
+                logger.exception('sweep: failed webhooks of job %s raised', job.id)

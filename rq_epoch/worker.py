@@ -1,0 +1,315 @@
+"""RQ's Worker, with epoch-stamped leases and its own frequent epoch-aware sweep."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+from rq.job import Job as RQJob
+from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
+from rq.utils import import_attribute, now
+from rq.worker import Worker as RQWorker
+from rq.worker_registration import clean_worker_registry
+
+from . import scripts
+from .errors import ConfigurationError, RqEpochError
+from .job import Job
+from .registry import StartedJobRegistry
+from .settings import EpochSettings
+from .sweep import SweepReport, Sweeper, read_epoch
+
+if TYPE_CHECKING:
+    from rq.executions import Execution
+
+__all__ = ['Worker']
+
+_CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _epoch_job_class(job_class: Any) -> type[Job]:
+    """The job class to use: rq_epoch.Job in place of RQ's default, a subclass kept."""
+    if job_class is None:
+        return Job
+    if isinstance(job_class, str):
+        job_class = import_attribute(job_class)
+    if job_class is RQJob:
+        return Job
+    if isinstance(job_class, type) and issubclass(job_class, Job):
+        return job_class
+    raise ConfigurationError(
+        f'rq_epoch.Worker needs a job class derived from rq_epoch.Job, got {job_class!r}; '
+        'derive your job class from rq_epoch.Job'
+    )
+
+
+class Worker(RQWorker):
+    """An RQ worker whose leases carry the server epoch.
+
+    * grants a lease stamped with the server's run_id when it starts an execution, and
+      extends and re-stamps it at every heartbeat (in the same round trip as RQ's own
+      heartbeat writes);
+    * runs the epoch-aware sweep every ``sweep_interval`` seconds, idle or busy, instead
+      of RQ's abandoned-job cleanup;
+    * rides out server outages while a job runs: heartbeats that fail are retried, and the
+      first one after the server returns moves the lease to the new server process.
+
+    Settings come from the keyword arguments, else the ``RQ_EPOCH_*`` environment
+    variables (see :mod:`rq_epoch.settings`), else the defaults. ``rq worker
+    --worker-class rq_epoch.Worker`` needs nothing else.
+    """
+
+    job_class = Job
+
+    def __init__(
+        self,
+        queues: Any,
+        *args: Any,
+        max_stalled: int | None = None,
+        heartbeat_interval: int | None = None,
+        lease_margin: int | None = None,
+        sweep_interval: int | None = None,
+        restart_grace: int | None = None,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.epoch_settings = EpochSettings.resolve(
+            max_stalled=max_stalled,
+            heartbeat_interval=heartbeat_interval,
+            lease_margin=lease_margin,
+            sweep_interval=sweep_interval,
+            restart_grace=restart_grace,
+            batch_size=batch_size,
+        )
+        kwargs['job_class'] = _epoch_job_class(kwargs.get('job_class'))
+        super().__init__(queues, *args, **kwargs)
+        self.job_monitoring_interval = self.epoch_settings.heartbeat_interval
+        for queue in self.queues:
+            if not (isinstance(queue.job_class, type) and issubclass(queue.job_class, Job)):
+                queue.job_class = self.job_class
+        self._last_sweep: float | None = None
+        self._known_run_id: str | None = None
+        self._server_lost_at: float | None = None
+        self._lost_lease_job_ids: set[str] = set()
+        self.last_sweep_report: SweepReport | None = None
+
+    # -- start -----------------------------------------------------------------------
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """Check that the server yields an epoch, load the scripts, then start as RQ does.
+
+        Raises:
+            EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
+        """
+        current = read_epoch(self.connection)
+        scripts.load_all(self.connection)
+        self._known_run_id = current.run_id
+        super().bootstrap(*args, **kwargs)
+        s = self.epoch_settings
+        self.log.info(
+            'Worker %s: rq-epoch on server epoch %s; heartbeat %ss, lease margin %ss, sweep every %ss, '
+            'max_stalled %s, restart grace %ss',
+            self.name,
+            current.run_id,
+            s.heartbeat_interval,
+            s.lease_margin,
+            s.sweep_interval,
+            s.max_stalled,
+            s.grace,
+        )
+
+    # -- leases ----------------------------------------------------------------------
+
+    def get_heartbeat_ttl(self, job: Any, working_time: float = 0.0) -> int:
+        """Seconds the lease lasts past this heartbeat: the interval plus the lease margin."""
+        interval = self.epoch_settings.heartbeat_interval
+        if job.timeout and job.timeout > 0:
+            if not working_time and job.started_at:
+                working_time = (now() - job.started_at).total_seconds()
+            interval = max(1, int(min(job.timeout - working_time, interval)))
+        return interval + self.epoch_settings.lease_margin
+
+    def prepare_execution(self, job: Any) -> Execution:
+        """Start an execution as RQ does; the grant script rides in RQ's transaction."""
+        try:
+            return super().prepare_execution(job)
+        except redis.exceptions.NoScriptError:
+            # The server restarted since the scripts were loaded; RQ's writes landed,
+            # the grant did not. Load the scripts and grant now.
+            scripts.load_all(self.connection)
+            execution = self.execution
+            assert execution is not None
+            registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
+            scripts.grant()(
+                self.connection,
+                [registry.leases_key, job.key],
+                [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
+            )
+            return execution
+
+    def maintain_heartbeats(self, job: Any, execution: Execution | None = None) -> None:
+        """Heartbeat the worker, the execution and the job, and extend the stamped lease.
+
+        One round trip, as RQ's own heartbeat. A server outage is ridden out: the failure
+        is logged once and the next heartbeat tries again. A lease that a sweep has taken
+        is not brought back: the work-horse is stopped, since the job is no longer ours.
+        """
+        execution = execution if execution is not None else self.execution
+        if execution is None:
+            return
+        try:
+            extended, run_id = self._heartbeat_lease(job, execution)
+        except _CONNECTION_ERRORS as exc:
+            self._server_unreachable(exc)
+            return
+        self._server_reachable(run_id)
+        if not extended:
+            self._lease_lost(job)
+        self._sweep_if_due()
+
+    def _heartbeat_lease(self, job: Any, execution: Execution) -> tuple[bool, str]:
+        worker_ttl = self.job_monitoring_interval + 60
+        ttl = self.get_heartbeat_ttl(job)
+        registry = job.started_job_registry
+        with self.connection.pipeline() as pipeline:
+            self.heartbeat(worker_ttl, pipeline=pipeline)
+            execution.heartbeat(registry, ttl, pipeline=pipeline)
+            job_index = len(pipeline)
+            job.heartbeat(now(), ttl, pipeline=pipeline, xx=True)
+            results = pipeline.execute(raise_on_error=False)
+        extend_result = results[registry.extend_index] if registry.extend_index is not None else None
+        if isinstance(extend_result, redis.exceptions.NoScriptError):
+            scripts.load_all(self.connection)
+            extend_result = scripts.extend()(
+                self.connection, [registry.leases_key, job.key], [execution.composite_key, ttl]
+            )
+        for result in results:
+            if isinstance(result, redis.exceptions.ResponseError) and result is not extend_result:
+                if not isinstance(result, redis.exceptions.NoScriptError):
+                    raise result
+        if isinstance(extend_result, redis.exceptions.ResponseError):
+            scripts.raise_typed(extend_result)
+        with self.connection.pipeline() as pipeline:
+            if results[job_index] == 1:  # the job hash was gone: don't leave a stub (rq#1450)
+                pipeline.delete(job.key)
+            if results[0] == 1:  # the worker hash had expired
+                pipeline.hset(self.key, mapping=self.serialize())
+                pipeline.expire(self.key, worker_ttl)
+            if len(pipeline):
+                pipeline.execute()
+        extended = bool(int(extend_result[0]))
+        run_id = extend_result[1].decode() if isinstance(extend_result[1], bytes) else str(extend_result[1])
+        return extended, run_id
+
+    def _server_unreachable(self, exc: Exception) -> None:
+        if self._server_lost_at is None:
+            self._server_lost_at = time.monotonic()
+            self.log.warning(
+                'Worker %s: server unreachable (%s); keeping the work-horse running and retrying '
+                '(last epoch %s)',
+                self.name,
+                exc,
+                self._known_run_id,
+            )
+
+    def _server_reachable(self, run_id: str) -> None:
+        if self._server_lost_at is not None:
+            down = time.monotonic() - self._server_lost_at
+            self._server_lost_at = None
+            self.log.warning(
+                'Worker %s: server back after %.1fs; epoch %s -> %s; lease re-stamped',
+                self.name,
+                down,
+                self._known_run_id,
+                run_id,
+            )
+        elif self._known_run_id and run_id != self._known_run_id:
+            self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
+        self._known_run_id = run_id
+
+    def _lease_lost(self, job: Any) -> None:
+        self._lost_lease_job_ids.add(job.id)
+        self.log.warning(
+            'Worker %s: the lease of job %s is gone (a sweep requeued or dead-lettered it while this '
+            'worker could not heartbeat); stopping its work-horse',
+            self.name,
+            job.id,
+        )
+        self.kill_horse()
+
+    def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
+        """Fail a job as RQ does, except one whose lease a sweep took: that job is not ours."""
+        if job.id in self._lost_lease_job_ids:
+            self._lost_lease_job_ids.discard(job.id)
+            self.log.info('Worker %s: not failing job %s, whose lease was taken by a sweep', self.name, job.id)
+            return
+        super().handle_job_failure(job, *args, **kwargs)
+
+    # -- sweeping --------------------------------------------------------------------
+
+    @property
+    def dequeue_timeout(self) -> int:
+        """Wake from the dequeue wait in time for the next sweep."""
+        return max(1, min(super().dequeue_timeout, self.epoch_settings.sweep_interval))
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        return bool(super().should_run_maintenance_tasks) or self._sweep_due()
+
+    def _sweep_due(self) -> bool:
+        if self._last_sweep is None:
+            return True
+        return time.monotonic() - self._last_sweep >= self.epoch_settings.sweep_interval
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's maintenance when it is due (with the sweep in place of its cleanup), else the sweep."""
+        if super().should_run_maintenance_tasks:
+            super().run_maintenance_tasks()
+        else:
+            self._sweep_if_due()
+
+    def clean_registries(self) -> None:
+        """RQ's registry maintenance, with the epoch-aware sweep for started jobs."""
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                self.log.info('Worker %s: cleaning registries for queue: %s', self.name, queue.name)
+                for registry_class in (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry):
+                    registry_class(
+                        queue.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer
+                    ).cleanup()
+                clean_worker_registry(queue)
+                queue.release_maintenance_lock()
+        self.last_cleaned_at = now()
+        self.sweep()
+
+    def _sweep_if_due(self) -> None:
+        if self._sweep_due():
+            self.sweep()
+
+    def sweep(self) -> SweepReport | None:
+        """Run the epoch-aware sweep over this worker's queues; never raises."""
+        self._last_sweep = time.monotonic()
+        sweeper = Sweeper(
+            self.connection,
+            settings=self.epoch_settings,
+            job_class=self.job_class,
+            serializer=self.serializer,
+            exception_handlers=self._exc_handlers,
+            death_penalty_class=self.death_penalty_class,
+        )
+        try:
+            report = sweeper.sweep(self.queue_names())
+        except _CONNECTION_ERRORS as exc:
+            self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
+            return None
+        except RqEpochError as exc:
+            self.log.error('Worker %s: sweep skipped: %s', self.name, exc)
+            return None
+        except Exception:
+            self.log.exception('Worker %s: sweep failed', self.name)
+            return None
+        self.last_sweep_report = report
+        if report.total:
+            counts = {k: v for k, v in report.counts().items() if v}
+            self.log.info('Worker %s: sweep judged %d expired lease(s): %s', self.name, report.total, counts)
+        return report

@@ -1,0 +1,50 @@
+"""Job functions run by real workers in the tests (importable as ``tests.jobs``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def record(path: str, tag: str) -> None:
+    with open(path, 'a', encoding='utf-8') as fh:
+        fh.write(f'{tag} {os.getpid()}\n')
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def sleep_and_record(path: str, tag: str, seconds: float) -> str:
+    """Record the start, sleep, record the end: executions are counted from the file."""
+    record(path, f'start {tag}')
+    time.sleep(seconds)
+    record(path, f'end {tag}')
+    return tag
+
+
+def wait_for_file_then_record(path: str, tag: str, release: str, limit: float = 120.0) -> str:
+    """Run until ``release`` exists (bounded by ``limit`` seconds)."""
+    record(path, f'start {tag}')
+    deadline = time.monotonic() + limit
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record(path, f'end {tag}')
+    return tag
+
+
+def fail_after_file(path: str, tag: str, release: str, limit: float = 120.0) -> None:
+    wait_for_file_then_record(path, tag, release, limit)
+    raise RuntimeError(f'{tag} failed on purpose')
+
+
+def poison_pill(path: str, tag: str) -> None:
+    """Take the whole worker down, worker process and work-horse, as an OOM kill would."""
+    record(path, f'start {tag}')
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def on_failure_record(job, connection, typ, value, tb) -> None:  # noqa: ANN001 - RQ's callback signature
+    connection.rpush(f'test:on_failure:{job.id}', f'{typ.__name__}: {value}')
