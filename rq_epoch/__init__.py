@@ -12,7 +12,7 @@ from .job import Job
 from .queue import Queue
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
-from .sweep import LeaseVerdict, ServerEpoch, SweepReport, Sweeper, read_epoch
+from .sweep import LeaseVerdict, ServerEpoch, Sweeper, SweepReport, read_epoch
 from .worker import Worker
 
 __version__ = '0.1.0'

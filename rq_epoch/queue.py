@@ -52,7 +52,7 @@ class Queue(RQQueue):
         max_stalled = kwargs.pop('max_stalled', None)
         if max_stalled is None:
             max_stalled = getattr(self._pending, 'max_stalled', None)
-        job = super().create_job(*args, **kwargs)
+        job: Any = super().create_job(*args, **kwargs)
         if max_stalled is not None:
             job.max_stalled = max_stalled
         return job

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .errors import ConfigurationError
 
@@ -82,7 +83,7 @@ class EpochSettings:
             ConfigurationError: a value is not a whole number or is below its minimum.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, int | None] = {}
+        values: dict[str, Any] = {}
         for field, (variable, minimum) in _FIELDS.items():
             override = overrides.pop(field, None)
             if override is not None:

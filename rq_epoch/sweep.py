@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import ResponseError, WatchError
 from rq.defaults import DEFAULT_FAILURE_TTL
@@ -334,7 +334,7 @@ class Sweeper:
         epoch_list = _text(epochs).split(',') if epochs else [job.lease_epoch or '']
         unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
         return (
-            f'{StalledJobError.__name__}: job stalled {job.stalled} times (max_stalled {max_stalled}): '
+            f'{StalledJobError.__name__}: job stalled {job.stalled} time(s) (max_stalled {max_stalled}): '
             f'its workers went away while the server stayed up; '
             f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {now().isoformat()}'
         )
@@ -348,7 +348,7 @@ class Sweeper:
         queue_name, job_id = member.split('|', 1)
         finishing = keys.finishing_key()
         try:
-            job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+            job = cast(Job, self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer))
         except NoSuchJobError:
             self.connection.zrem(finishing, member)
             return False
@@ -382,7 +382,7 @@ class Sweeper:
             try:
                 from rq.callbacks import execute_failure_callback  # RQ 3
             except ImportError:  # RQ 2.x
-                job.execute_failure_callback(self.death_penalty_class, StalledJobError, error, None)
+                cast(Any, job).execute_failure_callback(self.death_penalty_class, StalledJobError, error, None)
             else:
                 execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
         except Exception:

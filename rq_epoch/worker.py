@@ -17,7 +17,7 @@ from .errors import ConfigurationError, RqEpochError
 from .job import Job
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
-from .sweep import SweepReport, Sweeper, read_epoch
+from .sweep import Sweeper, SweepReport, read_epoch
 
 if TYPE_CHECKING:
     from rq.executions import Execution
@@ -197,6 +197,7 @@ class Worker(RQWorker):
                 pipeline.expire(self.key, worker_ttl)
             if len(pipeline):
                 pipeline.execute()
+        assert extend_result is not None
         extended = bool(int(extend_result[0]))
         run_id = extend_result[1].decode() if isinstance(extend_result[1], bytes) else str(extend_result[1])
         return extended, run_id
@@ -279,7 +280,7 @@ class Worker(RQWorker):
                     ).cleanup()
                 clean_worker_registry(queue)
                 queue.release_maintenance_lock()
-        self.last_cleaned_at = now()
+        self.last_cleaned_at = now()  # type: ignore[assignment]
         self.sweep()
 
     def _sweep_if_due(self) -> None:
