@@ -1,0 +1,241 @@
+"""Each verdict of the sweep does exactly what DESIGN.md's table says, and nothing else."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import redis
+
+from rq.job import JobStatus
+from rq.registry import FailedJobRegistry
+from rq_epoch import Job, Queue, Sweeper, keys, scripts
+from tests.leases import OTHER_EPOCH, current_run_id, expire, start_job
+
+
+def snapshot(conn: redis.Redis, exclude: tuple[str, ...] = ()) -> dict[bytes, object]:
+    """Every key with its type and value, to prove that nothing else changed."""
+    state: dict[bytes, object] = {}
+    for key in conn.scan_iter(count=1000):
+        if any(key.decode().startswith(p) for p in exclude):
+            continue
+        kind = conn.type(key).decode()
+        if kind == 'string':
+            state[key] = conn.get(key)
+        elif kind == 'hash':
+            state[key] = conn.hgetall(key)
+        elif kind == 'list':
+            state[key] = conn.lrange(key, 0, -1)
+        elif kind == 'set':
+            state[key] = conn.smembers(key)
+        elif kind == 'zset':
+            state[key] = conn.zrange(key, 0, -1, withscores=True)
+    return state
+
+
+def sweep(conn: redis.Redis, queue: str = 'default', **kwargs: object):
+    kwargs.setdefault('restart_grace', 0)
+    return Sweeper(conn, **kwargs).sweep([queue])  # type: ignore[arg-type]
+
+
+def lease_entries(conn: redis.Redis, queue: str = 'default') -> tuple[int, int]:
+    return conn.zcard(keys.leases_key(queue)), conn.zcard(keys.wip_key(queue))
+
+
+def test_ghost_removes_the_entry_and_nothing_else(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    conn.delete(job.key)
+    before = snapshot(conn, exclude=('rq:epoch:leases:', 'rq:wip:', 'rq:execution', 'rq:epoch:stats'))
+    report = sweep(conn)
+    assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job.id, 'ghost')]
+    assert lease_entries(conn) == (0, 0)
+    assert snapshot(conn, exclude=('rq:epoch:leases:', 'rq:wip:', 'rq:execution', 'rq:epoch:stats')) == before
+    assert not conn.exists(job.key)
+
+
+def test_job_key_of_another_type_is_corrupt_and_left_untouched(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    conn.delete(job.key)
+    conn.set(job.key, 'not a hash')
+    report = sweep(conn)
+    assert [v.verdict for v in report.verdicts] == ['corrupt']
+    assert conn.get(job.key) == b'not a hash'
+    assert lease_entries(conn) == (0, 0)
+
+
+def test_malformed_member_is_corrupt(conn) -> None:
+    seconds, _ = conn.time()
+    conn.zadd(keys.leases_key('default'), {'no-execution-id': seconds - 5, 'a:b:c': seconds - 5})
+    before = snapshot(conn, exclude=('rq:epoch:leases:', 'rq:epoch:stats'))
+    report = sweep(conn)
+    assert sorted((v.member, v.verdict) for v in report.verdicts) == [
+        ('a:b:c', 'corrupt'),
+        ('no-execution-id', 'corrupt'),
+    ]
+    assert conn.zcard(keys.leases_key('default')) == 0
+    assert snapshot(conn, exclude=('rq:epoch:leases:', 'rq:epoch:stats')) == before
+
+
+def test_finished_job_is_settled_and_keeps_its_result(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    conn.hset(job.key, 'status', 'finished')
+    report = sweep(conn)
+    assert [v.verdict for v in report.verdicts] == ['settled']
+    job.refresh()
+    assert job.get_status() == JobStatus.FINISHED
+    assert job.stalled == 0
+    assert lease_entries(conn) == (0, 0)
+    assert conn.llen(queue.key) == 0
+    assert job.id not in FailedJobRegistry('default', connection=conn)
+
+
+def test_job_started_again_elsewhere_is_settled(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    conn.hset(job.key, 'lease_execution', 'a-newer-execution')
+    report = sweep(conn)
+    assert [v.verdict for v in report.verdicts] == ['settled']
+    assert conn.hget(job.key, 'status') == b'started'
+    assert conn.llen(queue.key) == 0
+
+
+def test_exempt_requeues_at_the_front_without_counting(conn) -> None:
+    queue = Queue('default', connection=conn)
+    waiting = queue.enqueue('tests.jobs.add', 1, 1)
+    job, member = start_job(conn, queue, epoch=OTHER_EPOCH)
+    report = sweep(conn)
+    assert [v.verdict for v in report.verdicts] == ['exempt']
+    assert queue.get_job_ids() == [job.id, waiting.id]
+    job = Job.fetch(job.id, connection=conn)
+    assert job.get_status() == JobStatus.QUEUED
+    assert (job.stalled, job.exempt_recoveries) == (0, 1)
+    assert lease_entries(conn) == (0, 0)
+    assert conn.hget(keys.stats_key('default'), 'exempt') == b'1'
+
+
+def test_recovered_counts_and_requeues(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    report = sweep(conn, max_stalled=2)
+    assert [(v.verdict, v.stalled, v.max_stalled) for v in report.verdicts] == [('recovered', 1, 2)]
+    job = Job.fetch(job.id, connection=conn)
+    assert (job.get_status(), job.stalled) == (JobStatus.QUEUED, 1)
+    assert queue.get_job_ids() == [job.id]
+
+
+def test_dead_moves_to_failed_registry(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, max_stalled=1)
+    report = sweep(conn, max_stalled=5)
+    assert [(v.verdict, v.stalled, v.max_stalled) for v in report.verdicts] == [('dead', 1, 1)]
+    job = Job.fetch(job.id, connection=conn)
+    assert job.get_status() == JobStatus.FAILED
+    assert job.id in FailedJobRegistry('default', connection=conn)
+    result = job.latest_result()
+    assert result is not None and 'stalled 1 time(s) (max_stalled 1)' in (result.exc_string or '')
+    assert report.finished == [job.id]
+    assert queue.count == 0
+
+
+def test_unexpired_leases_are_left_alone(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, expired=False)
+    report = sweep(conn)
+    assert report.verdicts == []
+    assert lease_entries(conn) == (1, 1)
+
+
+def test_concurrent_sweepers_handle_each_lease_exactly_once(conn) -> None:
+    queue = Queue('default', connection=conn)
+    run_id = current_run_id(conn)
+    jobs = []
+    with conn.pipeline() as pipe:
+        for i in range(2000):
+            job = queue.create_job('tests.jobs.add', args=(i, i))
+            job.origin = 'default'
+            job.save(pipeline=pipe)
+            member = f'{job.id}:exec{i}'
+            epoch = run_id if i % 2 else OTHER_EPOCH  # half counted (recovered), half exempt
+            pipe.hset(job.key, mapping={'status': 'started', 'lease_epoch': epoch, 'lease_execution': f'exec{i}'})
+            pipe.zadd(keys.wip_key('default'), {member: '+inf'})
+            pipe.zadd(keys.leases_key('default'), {member: 1})
+            jobs.append(job.id)
+        pipe.execute()
+
+    reports = []
+    errors = []
+
+    def run() -> None:
+        client = redis.Redis(connection_pool=conn.connection_pool)
+        try:
+            reports.append(Sweeper(client, max_stalled=3, restart_grace=0, batch_size=50).sweep(['default']))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert len(verdicts) == 2000
+    assert Counter(v.job_id for v in verdicts).most_common(1)[0][1] == 1
+    assert Counter(v.verdict for v in verdicts) == {'recovered': 1000, 'exempt': 1000}
+    queued = queue.get_job_ids()
+    assert len(queued) == 2000 and len(set(queued)) == 2000
+    assert lease_entries(conn) == (0, 0)
+
+
+def test_extend_after_the_sweep_does_not_bring_the_lease_back(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    sweep(conn)
+    leases_key = keys.leases_key('default')
+    extended, run_id, _ = scripts.extend()(conn, [leases_key, job.key], [member, 30])
+    assert extended == 0
+    assert run_id.decode() == current_run_id(conn)
+    assert conn.zscore(leases_key, member) is None
+
+
+def test_extend_of_a_live_lease_pushes_the_deadline_and_restamps(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, epoch=OTHER_EPOCH, expired=False)
+    leases_key = keys.leases_key('default')
+    before = conn.zscore(leases_key, member)
+    extended, run_id, deadline = scripts.extend()(conn, [leases_key, job.key], [member, 120])
+    assert extended == 1
+    assert float(deadline) > before
+    assert conn.hget(job.key, 'lease_epoch') == run_id
+
+
+def test_dry_run_writes_nothing(conn) -> None:
+    queue = Queue('default', connection=conn)
+    start_job(conn, queue)
+    start_job(conn, queue, epoch=None)
+    before = snapshot(conn)
+    report = Sweeper(conn, restart_grace=0).sweep(['default'], dry_run=True)
+    assert sorted(v.verdict for v in report.verdicts) == ['exempt', 'recovered']
+    assert snapshot(conn) == before
+
+
+def test_grant_refuses_a_job_that_is_gone(conn) -> None:
+    result = scripts.grant()(conn, [keys.leases_key('default'), keys.job_key('nope')], ['nope:x', 30, 'x'])
+    assert result[0] == 0
+    assert conn.zcard(keys.leases_key('default')) == 0
+    assert not conn.exists(keys.job_key('nope'))
+
+
+def test_uncounted_lease_waits_for_the_restart_grace(conn, server) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, epoch=OTHER_EPOCH)
+    counted, _ = start_job(conn, queue)
+    report = Sweeper(conn, restart_grace=10**6, max_stalled=3).sweep(['default'])
+    assert sorted((v.job_id, v.verdict) for v in report.verdicts) == sorted(
+        [(job.id, 'deferred'), (counted.id, 'recovered')]
+    )
+    assert conn.zscore(keys.leases_key('default'), member) is not None
+    expire(conn, 'default', member)
