@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from .errors import EpochUnavailableError
 
@@ -49,7 +49,7 @@ def raise_typed(exc: ResponseError) -> None:
     if EPOCH_UNAVAILABLE in text:
         detail = text.split(EPOCH_UNAVAILABLE, 1)[1].strip()
         raise EpochUnavailableError(f'the server did not yield a valid run_id: {detail}') from exc
-    if text.startswith('NOPERM'):
+    if isinstance(exc, NoPermissionError) or text.startswith('NOPERM'):
         raise EpochUnavailableError(f'the server refused an rq-epoch script: {text}') from exc
     raise exc
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import NoPermissionError, ResponseError, WatchError
 from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.exceptions import NoSuchJobError
 from rq.job import JobStatus
@@ -61,7 +61,7 @@ def read_epoch(connection: Redis) -> ServerEpoch:
     try:
         info = connection.info('server')
     except ResponseError as exc:
-        if str(exc).startswith('NOPERM'):
+        if isinstance(exc, NoPermissionError) or str(exc).startswith('NOPERM'):
             raise EpochUnavailableError(
                 'the server user may not run INFO (grant it with the ACL rule +info); '
                 f'rq-epoch needs INFO server to read the run_id: {exc}'

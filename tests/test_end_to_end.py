@@ -49,7 +49,7 @@ def test_worker_stamps_lease_with_the_server_epoch(conn, server, start_worker, t
 def _kill_running(conn, queue: str, job: Job, start_worker) -> None:
     worker = start_worker(queue)
     wait_started(conn, queue, job)
-    wait_for(worker.horse_pids, 10, what='work-horse')
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 10, what='job running')
     worker.kill()
     wait_for(lambda: lease_expired(conn, queue), 20, what='lease expiry')
 
@@ -99,7 +99,7 @@ def test_restart_while_worker_gone_is_exempt_and_finished_by_a_new_worker(
     assert (job.stalled, job.exempt_recoveries) == (0, 1)
     start_worker('restart', burst=True)
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 40, what='job finished by a new worker')
-    assert other.get_status(refresh=True) == JobStatus.FINISHED
+    wait_for(lambda: other.get_status(refresh=True) == JobStatus.FINISHED, 20, what='the other job finished')
     assert log.read_text().count('end r') == 1
 
 

@@ -1,0 +1,316 @@
+"""Running jobs in the state each side's worker leaves them, written in bulk.
+
+A benchmark of 100,000 expired leases can't wait for 100,000 workers to die, so this
+module enqueues real jobs (RQ's ``enqueue_many``) and then writes, in pipelines, exactly
+what each worker writes when it starts a job:
+
+* both: the job leaves its queue; the execution hash (with its TTL), the job's execution
+  registry, the worker's execution index; the job hash gets ``status=started``,
+  ``started_at``, ``last_heartbeat`` and ``worker_name`` and loses its TTL;
+* stock RQ: ``rq:wip:<queue>`` member ``<job>:<execution>`` scored with the deadline;
+* rq-epoch: the ``rq:wip`` member scored ``+inf``, the lease in ``rq:epoch:leases:<queue>``
+  scored with the deadline, and ``lease_epoch`` / ``lease_execution`` in the job hash.
+
+An expired lease is the state at its deadline: the deadline is one second in the past
+and the execution hash is still there (the sweep deletes it, so this is its worst case).
+:func:`validate` checks this layout against real workers killed with SIGKILL
+(``python -m benchmarks.fixture``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from rq import Queue, Retry
+from rq.job import Dependency
+from rq.utils import utcformat
+
+from rq_epoch import keys
+from rq_epoch.embedded import EmbeddedServer
+
+from .common import EPOCH, ROOT, STOCK
+
+#: A valid run_id of some other server process (stamps that crossed a restart).
+OTHER_EPOCH = '5d0c3ab4f1e2d3c4b5a69788796a5b4c3d2e1f00'
+#: RQ's default job monitoring interval, and rq-epoch's default heartbeat and lease margin.
+STOCK_TTL = 30 + 60
+EPOCH_TTL = 30 + 30
+CHUNK = 1000
+
+
+@dataclass
+class JobSet:
+    """Jobs of one queue made by :func:`enqueue_jobs`."""
+
+    queue: str
+    job_ids: list[str]
+    dependent_ids: list[str] = field(default_factory=list)
+
+
+def _chunks(items: list[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def enqueue_jobs(
+    conn: redis.Redis,
+    queue_name: str,
+    n: int,
+    *,
+    retry: bool = False,
+    on_failure: bool = True,
+    dependents_every: int = 0,
+    func: str = 'benchmarks.jobs.noop',
+    args: tuple[Any, ...] = (),
+) -> JobSet:
+    """Enqueue ``n`` jobs with RQ's own ``enqueue_many`` (the same jobs for both sides).
+
+    ``retry`` gives each job one retry (stock cleanup then requeues it instead of failing
+    it); ``on_failure`` gives it a failure callback; every ``dependents_every``-th job gets
+    one dependent that runs even if it fails (``allow_failure``).
+    """
+    queue = Queue(queue_name, connection=conn)
+    on_fail = 'benchmarks.jobs.on_failure_count' if on_failure else None
+    job_ids: list[str] = []
+    for chunk in _chunks(list(range(n))):
+        datas = [
+            Queue.prepare_data(func, args=args, retry=Retry(max=1) if retry else None, on_failure=on_fail)
+            for _ in chunk
+        ]
+        with conn.pipeline() as pipe:
+            jobs = queue.enqueue_many(datas, pipeline=pipe)
+            pipe.execute()
+        job_ids += [job.id for job in jobs]
+    dependent_ids: list[str] = []
+    if dependents_every > 0:
+        parents = job_ids[::dependents_every]
+        for chunk in _chunks(parents):
+            datas = [
+                Queue.prepare_data('benchmarks.jobs.noop', depends_on=Dependency(jobs=[p], allow_failure=True))
+                for p in chunk
+            ]
+            with conn.pipeline() as pipe:
+                jobs = queue.enqueue_many(datas, pipeline=pipe)
+                pipe.execute()
+            dependent_ids += [job.id for job in jobs]
+    return JobSet(queue_name, job_ids, dependent_ids)
+
+
+def server_time(conn: redis.Redis) -> float:
+    seconds, micros = conn.time()
+    return seconds + micros / 1e6
+
+
+def start_jobs(
+    conn: redis.Redis,
+    jobs: JobSet,
+    side: str,
+    *,
+    stamp: str | None = None,
+    expired: bool = True,
+    worker_prefix: str = 'bench-worker',
+) -> list[str]:
+    """Put every job of ``jobs`` in the started state ``side``'s worker leaves.
+
+    ``stamp`` (rq-epoch only) is the ``lease_epoch`` written; None writes the current
+    run_id, as the grant script does. Returns the lease members ``<job>:<execution>``.
+    """
+    if side not in (STOCK, EPOCH):
+        raise ValueError(f'side must be {STOCK!r} or {EPOCH!r}')
+    epoch = stamp if stamp is not None else str(conn.info('server')['run_id'])
+    ttl = STOCK_TTL if side == STOCK else EPOCH_TTL
+    queue = Queue(jobs.queue, connection=conn)
+    conn.delete(queue.key)  # every job was dequeued
+    members: list[str] = []
+    for offset, chunk in enumerate(_chunks(jobs.job_ids)):
+        now = time.time()
+        deadline = (now if side == STOCK else server_time(conn)) + (-1.0 if expired else ttl)
+        with conn.pipeline(transaction=False) as pipe:
+            for i, job_id in enumerate(chunk):
+                worker = f'{worker_prefix}-{offset * CHUNK + i}'
+                members.append(_start_one(pipe, jobs.queue, job_id, worker, side, ttl, now, deadline, epoch))
+            pipe.execute()
+    return members
+
+
+def _start_one(
+    pipe: Any, queue: str, job_id: str, worker: str, side: str, ttl: int, now: float, deadline: float, epoch: str
+) -> str:
+    execution_id = uuid.uuid4().hex
+    member = f'{job_id}:{execution_id}'
+    stamp = utcformat(_utc(now))
+    pipe.hset(
+        f'{keys.PREFIX}:execution:{member}',
+        mapping={'id': execution_id, 'job_id': job_id, 'created_at': now, 'last_heartbeat': now, 'worker_name': worker},
+    )
+    pipe.expire(f'{keys.PREFIX}:execution:{member}', ttl)
+    pipe.zadd(f'{keys.PREFIX}:executions:{job_id}', {execution_id: now + ttl + 60})
+    pipe.expire(f'{keys.PREFIX}:executions:{job_id}', ttl + 60)
+    pipe.sadd(f'{keys.PREFIX}:worker:{worker}:executions', member)
+    pipe.expire(f'{keys.PREFIX}:worker:{worker}:executions', ttl + 60)
+    started = {'last_heartbeat': stamp, 'status': 'started', 'started_at': stamp, 'worker_name': worker}
+    if side == STOCK:
+        pipe.zadd(keys.wip_key(queue), {member: deadline})
+    else:
+        pipe.zadd(keys.wip_key(queue), {member: '+inf'})
+        pipe.zadd(keys.leases_key(queue), {member: deadline})
+        started.update({'lease_epoch': epoch, 'lease_execution': execution_id})
+    pipe.hset(keys.job_key(job_id), mapping=started)
+    pipe.persist(keys.job_key(job_id))
+    return member
+
+
+def _utc(timestamp: float) -> Any:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
+
+
+# -- validation against real workers --------------------------------------------------------
+
+_UUID = re.compile(r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}')
+_RUN_ID = re.compile(r'\b[0-9a-f]{40}\b')
+_EXEC = re.compile(r'\b[0-9a-f]{32}\b')
+#: Worker registration: written by a live worker, read by neither cleanup.
+_IGNORED = re.compile(r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues)$')
+
+
+def _normal(text: str, workers: list[str]) -> str:
+    for name in workers:
+        text = text.replace(name, '<worker>')
+    return _EXEC.sub('<exec>', _RUN_ID.sub('<run_id>', _UUID.sub('<job>', text)))
+
+
+def _score(score: float, now: float) -> str:
+    if score == float('inf'):
+        return '+inf'
+    return 'future' if score > now else 'past'
+
+
+def layout(conn: redis.Redis) -> dict[str, Any]:
+    """Every key, with ids replaced by placeholders: type, TTL or not, fields or members."""
+    now = server_time(conn)
+    names = [k.decode() for k in conn.scan_iter(count=1000)]
+    workers = sorted({n.split(':')[2] for n in names if n.startswith('rq:worker:') and n.count(':') >= 2}, key=len)
+    workers.reverse()
+    found: dict[str, Any] = {}
+    for name in names:
+        key = _normal(name, workers)
+        if _IGNORED.match(key):
+            continue
+        kind = conn.type(name).decode()
+        value: Any
+        if kind == 'hash':
+            fields = {k.decode(): v.decode('utf-8', 'replace') for k, v in conn.hgetall(name).items()}
+            shown = ('status', 'worker_name', 'lease_epoch', 'lease_execution', 'job_id', 'id')
+            value = sorted(f'{k}={_normal(v, workers)}' if k in shown else k for k, v in fields.items())
+        elif kind == 'zset':
+            value = sorted(f'{_normal(m.decode(), workers)}@{_score(s, now)}' for m, s in conn.zrange(name, 0, -1, withscores=True))
+            value = sorted(set(value))
+        elif kind == 'set':
+            value = sorted({_normal(m.decode(), workers) for m in conn.smembers(name)})
+        elif kind == 'list':
+            value = sorted({_normal(m.decode(), workers) for m in conn.lrange(name, 0, -1)})
+        else:
+            value = None
+        found[key] = {'type': kind, 'expires': conn.ttl(name) > 0, 'value': value}
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
+    except OSError:
+        return []
+
+
+def _kill_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        horses = _children(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        for pid in horses:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(10)
+
+
+def real_layout(srv: EmbeddedServer, side: str, n_jobs: int = 2, timeout: float = 30.0) -> dict[str, Any]:
+    """Start ``n_jobs`` real workers of ``side`` on one job each, SIGKILL them mid-job, and
+    return the :func:`layout` they leave."""
+    conn = srv.client()
+    conn.flushall()
+    queue = Queue('check', connection=conn)
+    for _ in range(n_jobs):
+        queue.enqueue('benchmarks.jobs.sleep_for', 60, retry=Retry(max=1), on_failure='benchmarks.jobs.on_failure_count')
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', srv.url, '--burst']
+    if side == EPOCH:
+        argv += ['--worker-class', 'rq_epoch.Worker']
+    procs = [
+        subprocess.Popen(argv + ['--name', f'real-{i}', 'check'], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for i in range(n_jobs)
+    ]
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            started = sum(1 for k in conn.scan_iter('rq:job:*') if conn.hget(k, 'status') == b'started')
+            if started == n_jobs and conn.zcard(keys.wip_key('check')) == n_jobs:
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # let each work-horse finish its own start-up writes
+    finally:
+        _kill_workers(procs)
+    return layout(conn)
+
+
+def fixture_layout(conn: redis.Redis, side: str, n_jobs: int = 2) -> dict[str, Any]:
+    """The :func:`layout` that :func:`start_jobs` writes for ``n_jobs`` running jobs."""
+    conn.flushall()
+    jobs = enqueue_jobs(conn, 'check', n_jobs, retry=True, func='benchmarks.jobs.sleep_for', args=(60,))
+    start_jobs(conn, jobs, side, expired=False)
+    return layout(conn)
+
+
+def validate(kind: str = 'valkey', n_jobs: int = 2) -> dict[str, list[str]]:
+    """Differences between real killed workers and the fixture, per side (empty: same layout)."""
+    differences: dict[str, list[str]] = {}
+    with EmbeddedServer(kind) as srv:
+        conn = srv.client()
+        for side in (STOCK, EPOCH):
+            real = real_layout(srv, side, n_jobs)
+            ours = fixture_layout(conn, side, n_jobs)
+            diffs = []
+            for key in sorted(set(real) | set(ours)):
+                if real.get(key) != ours.get(key):
+                    diffs.append(f'{key}: real worker {real.get(key)} / fixture {ours.get(key)}')
+            differences[side] = diffs
+    return differences
+
+
+def main() -> int:
+    """Print the differences between the fixture and real workers; exit 1 if any."""
+    differences = validate()
+    for side, diffs in differences.items():
+        print(f'{side}: ' + ('same layout as real workers killed mid-job' if not diffs else f'{len(diffs)} differences'))
+        for line in diffs:
+            print('   ', line)
+    return 1 if any(differences.values()) else 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

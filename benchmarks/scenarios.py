@@ -1,0 +1,180 @@
+"""Expired leases cleaned by each side: stock ``StartedJobRegistry.cleanup()`` and rq-epoch's sweep.
+
+A *case* names who cleans and which verdict the jobs get:
+
+============  ===========  ==============================================================
+case          side         jobs and verdict
+============  ===========  ==============================================================
+stock-retry   stock        one retry left: stock cleanup requeues them
+exempt        rq-epoch     stamped by another server process: requeued, not counted
+recovered     rq-epoch     stamped by this process, stall budget left: counted, requeued
+stock-fail    stock        no retry: failed, failure Result, callback, dependents
+dead          rq-epoch     stamped by this process, ``max_stalled=1``: the same side effects
+============  ===========  ==============================================================
+
+Every job has an ``on_failure`` callback; in the failing cases one job in ten has a
+dependent with ``allow_failure``, which each side must enqueue. Each case runs on a flushed
+server and is checked afterwards (requeued, failed, callbacks run, dependents enqueued).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from rq.registry import FailedJobRegistry
+from rq.registry import StartedJobRegistry as StockStartedJobRegistry
+
+from rq_epoch import Sweeper
+
+from . import jobs as job_functions
+from .common import EPOCH, STOCK, command_delta, commandstats, count_traffic, timed
+from .fixture import OTHER_EPOCH, JobSet, enqueue_jobs, start_jobs
+
+QUEUE = 'bench'
+DEPENDENTS_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Case:
+    """Who cleans, and what the jobs look like."""
+
+    name: str
+    side: str
+    requeue: bool
+    stamp: str | None = None
+    max_stalled: int = 3
+
+
+CASES: dict[str, Case] = {
+    'stock-retry': Case('stock-retry', STOCK, requeue=True),
+    'exempt': Case('exempt', EPOCH, requeue=True, stamp=OTHER_EPOCH),
+    'recovered': Case('recovered', EPOCH, requeue=True, max_stalled=3),
+    'stock-fail': Case('stock-fail', STOCK, requeue=False),
+    'dead': Case('dead', EPOCH, requeue=False, max_stalled=1),
+}
+#: The stock case each rq-epoch case is compared with.
+BASELINE = {'exempt': 'stock-retry', 'recovered': 'stock-retry', 'dead': 'stock-fail'}
+REQUEUE_CASES = ('stock-retry', 'exempt', 'recovered')
+DEAD_CASES = ('stock-fail', 'dead')
+
+
+@dataclass
+class Outcome:
+    """One case at one size: time, traffic, and whether the jobs ended where they should."""
+
+    case: str
+    side: str
+    n: int
+    seconds: float
+    round_trips: int
+    client_commands: int
+    server_commands: int
+    server_commands_top: dict[str, int]
+    checks: dict[str, Any] = field(default_factory=dict)
+    ok: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def per_second(self) -> float:
+        return self.n / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data['members_per_second'] = round(self.per_second, 1)
+        data['seconds'] = round(self.seconds, 4)
+        return data
+
+
+def prepare(conn: redis.Redis, case: Case, n: int) -> JobSet:
+    """Flush, enqueue ``n`` jobs for ``case`` and leave them started with expired leases."""
+    conn.flushall()
+    jobs = enqueue_jobs(
+        conn, QUEUE, n, retry=case.requeue, on_failure=True, dependents_every=0 if case.requeue else DEPENDENTS_EVERY
+    )
+    start_jobs(conn, jobs, case.side, stamp=case.stamp)
+    return jobs
+
+
+def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Callable[[], Any]:
+    """The call that cleans the queue: stock cleanup, or the sweep with the case's settings."""
+    if case.side == STOCK:
+        return lambda: StockStartedJobRegistry(QUEUE, connection=conn).cleanup()
+    sweeper = Sweeper(conn, max_stalled=case.max_stalled, restart_grace=0, batch_size=batch_size)
+    return lambda: sweeper.sweep([QUEUE])
+
+
+def check(conn: redis.Redis, case: Case, jobs: JobSet, callbacks: int) -> dict[str, Any]:
+    """Where the jobs ended: queued again, or failed with their side effects."""
+    n = len(jobs.job_ids)
+    queued = conn.llen(f'rq:queue:{QUEUE}')
+    failed = FailedJobRegistry(QUEUE, connection=conn).count
+    started_left = conn.zcard(f'rq:wip:{QUEUE}') + conn.zcard(f'rq:epoch:leases:{QUEUE}')
+    sample = jobs.job_ids[:: max(1, n // 20)]
+    statuses = {s.decode() if s else None for s in (conn.hget(f'rq:job:{j}', 'status') for j in sample)}
+    if case.requeue:
+        expected = {'queued': n, 'failed': 0, 'left_started': 0, 'statuses': ['queued']}
+    else:
+        results = sum(1 for j in sample if conn.exists(f'rq:results:{j}'))
+        expected = {
+            'queued': len(jobs.dependent_ids),
+            'failed': n,
+            'left_started': 0,
+            'statuses': ['failed'],
+            'callbacks': n,
+            'results_in_sample': len(sample),
+        }
+    found: dict[str, Any] = {'queued': queued, 'failed': failed, 'left_started': started_left}
+    found['statuses'] = sorted(s for s in statuses if s is not None)
+    if not case.requeue:
+        found['callbacks'] = callbacks
+        found['results_in_sample'] = results
+    return {'expected': expected, 'found': found}
+
+
+def run_case(
+    conn: redis.Redis,
+    case_name: str,
+    n: int,
+    *,
+    batch_size: int | None = None,
+    around: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> Outcome:
+    """Prepare ``n`` expired leases, clean them once (timed, counted), and check the result.
+
+    ``around`` wraps only the timed cleanup (the latency benchmark runs its PING client there).
+    """
+    case = CASES[case_name]
+    jobs = prepare(conn, case, n)
+    clean = cleaner(conn, case, batch_size)
+    job_functions.FAILURE_CALLBACKS = 0
+    conn.config_resetstat()
+    before = commandstats(conn)
+    with (around or nullcontext)() as probe:
+        with count_traffic() as traffic:
+            seconds, _ = timed(clean)
+    delta = command_delta(before, commandstats(conn))
+    checks = check(conn, case, jobs, job_functions.FAILURE_CALLBACKS)
+    outcome = Outcome(
+        case=case.name,
+        side=case.side,
+        n=n,
+        seconds=seconds,
+        round_trips=traffic.round_trips,
+        client_commands=traffic.commands,
+        server_commands=sum(delta.values()),
+        server_commands_top=dict(list(delta.items())[:8]),
+        checks=checks,
+        ok=checks['expected'] == checks['found'],
+    )
+    if probe is not None:
+        outcome.extra['during'] = probe
+    return outcome
+
+
+def cases_in_order(names: Iterator[str] | list[str]) -> list[str]:
+    """Stock first, so each rq-epoch case can be compared as soon as it runs."""
+    return sorted(names, key=lambda name: (CASES[name].side != STOCK, name))
