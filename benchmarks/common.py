@@ -54,10 +54,15 @@ def quiet_logging() -> None:
         logger.propagate = False
 
 
+#: AOF on with fsync every second, as the tests run it; no automatic AOF rewrite, so that
+#: no fork (and its copy-on-write slowdown) lands inside a measurement by chance.
+SERVER_CONFIG = {'appendonly': 'yes', 'appendfsync': 'everysec', 'auto-aof-rewrite-percentage': '0'}
+
+
 @contextmanager
 def server(kind: str, **config: str) -> Iterator[EmbeddedServer]:
     """A fresh server of ``kind`` on loopback, stopped and removed afterwards."""
-    srv = EmbeddedServer(kind, extra_config=dict(config))
+    srv = EmbeddedServer(kind, extra_config={**SERVER_CONFIG, **config})
     srv.start()
     try:
         yield srv
@@ -142,13 +147,18 @@ def commandstats(conn: redis.Redis) -> dict[str, int]:
     return {name.removeprefix('cmdstat_'): int(v['calls']) for name, v in conn.info('commandstats').items()}
 
 
-#: Commands the benchmark itself sends to measure; left out of the deltas.
-MEASURING = ('info', 'slowlog|get', 'slowlog|reset', 'config|set', 'config|resetstat', 'latency|latest', 'latency|reset')
+#: Commands the benchmark itself sends to measure (the latency probe's PINGs too); left out of the deltas.
+MEASURING = ('ping', 'slowlog|get', 'slowlog|reset', 'config|set', 'config|resetstat', 'latency|latest', 'latency|reset')
 
 
 def command_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """Commands run between two :func:`commandstats` snapshots, busiest first."""
+    """Commands run between two :func:`commandstats` snapshots, busiest first.
+
+    The INFO that took the first snapshot is not counted; INFO sent by the code measured is.
+    """
     delta = {k: v - before.get(k, 0) for k, v in after.items() if k not in MEASURING}
+    if 'info' in delta:
+        delta['info'] -= 1
     return dict(sorted(((k, v) for k, v in delta.items() if v > 0), key=lambda kv: -kv[1]))
 
 
@@ -230,6 +240,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def _cell(value: Any) -> str:
     if value is None:
         return '-'
+    if isinstance(value, bool):
+        return 'yes' if value else 'NO'
     if isinstance(value, float):
         if value >= 100:
             return f'{value:,.0f}'
@@ -266,3 +278,85 @@ def write_results(name: str, data: dict[str, Any], out: Path | None, conn: redis
     path.write_text(json.dumps(document, indent=2, sort_keys=False) + '\n', encoding='utf-8')
     print(f'\nresults written to {path}', file=sys.stderr)
     return path
+
+
+# -- a second client that PINGs -------------------------------------------------------------
+
+
+def ping_loop(port: int, interval: float, max_pings: int, max_seconds: float, ready: Any, stop: Any, out: Any) -> None:
+    """PING every ``interval`` seconds until ``stop`` is set (or the bounds); put the latencies' summary on ``out``.
+
+    Runs in its own process, so that the client being measured and the one measuring
+    don't share an interpreter.
+    """
+    client = redis.Redis(host='127.0.0.1', port=port)
+    client.ping()
+    latencies: list[float] = []
+    ready.set()
+    start = time.perf_counter()
+    next_at = start
+    while len(latencies) < max_pings and time.perf_counter() - start < max_seconds and not stop.is_set():
+        sent = time.perf_counter()
+        client.ping()
+        latencies.append((time.perf_counter() - sent) * 1000.0)
+        next_at += interval
+        pause = next_at - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            next_at = time.perf_counter()
+    client.close()
+    out.put(latency_summary(latencies, time.perf_counter() - start))
+
+
+def latency_summary(latencies_ms: Sequence[float], seconds: float) -> dict[str, Any]:
+    """Count, p50, p99, p99.9 and max (milliseconds) of PING round trips."""
+    return {
+        'pings': len(latencies_ms),
+        'seconds': round(seconds, 3),
+        'p50_ms': round(percentile(latencies_ms, 50), 3),
+        'p99_ms': round(percentile(latencies_ms, 99), 3),
+        'p999_ms': round(percentile(latencies_ms, 99.9), 3),
+        'max_ms': round(max(latencies_ms, default=0.0), 3),
+        'over_5ms': sum(1 for x in latencies_ms if x > 5.0),
+    }
+
+
+class PingProbe:
+    """A context manager: a PING client in another process for the duration of the block.
+
+    ``stats`` holds the summary after the block, and the longest server blocks
+    (:func:`longest_blocks`) seen between enter and exit.
+    """
+
+    def __init__(self, srv: EmbeddedServer, interval: float = 0.001, max_seconds: float = 900.0) -> None:
+        self.srv = srv
+        self.interval = interval
+        self.max_seconds = max_seconds
+        self.stats: dict[str, Any] = {}
+
+    def __enter__(self) -> dict[str, Any]:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context('spawn')
+        self._ready, self._stop, self._out = ctx.Event(), ctx.Event(), ctx.Queue()
+        self._admin = self.srv.client()
+        reset_block_probes(self._admin)
+        max_pings = int(self.max_seconds / self.interval) + 1
+        args = (self.srv.port, self.interval, max_pings, self.max_seconds, self._ready, self._stop, self._out)
+        self._proc = ctx.Process(target=ping_loop, args=args, daemon=True)
+        self._proc.start()
+        if not self._ready.wait(30):
+            raise RuntimeError('the PING client did not start')
+        return self.stats
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        try:
+            self.stats.update(self._out.get(timeout=60))
+        finally:
+            self._proc.join(30)
+            if self._proc.is_alive():
+                self._proc.kill()
+        self.stats['server_blocks'] = longest_blocks(self._admin)
+        self._admin.close()

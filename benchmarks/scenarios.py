@@ -19,7 +19,7 @@ server and is checked afterwards (requeued, failed, callbacks run, dependents en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -157,6 +157,7 @@ def run_case(
         with count_traffic() as traffic:
             seconds, _ = timed(clean)
     delta = command_delta(before, commandstats(conn))
+    scripts_run = conn.info('commandstats').get('cmdstat_evalsha', {})
     checks = check(conn, case, jobs, job_functions.FAILURE_CALLBACKS)
     outcome = Outcome(
         case=case.name,
@@ -170,11 +171,16 @@ def run_case(
         checks=checks,
         ok=checks['expected'] == checks['found'],
     )
+    if scripts_run:
+        outcome.extra['script_calls'] = int(scripts_run['calls'])
+        outcome.extra['script_ms_mean'] = round(float(scripts_run['usec_per_call']) / 1000.0, 3)
+        outcome.extra['script_us_per_member'] = round(float(scripts_run['usec']) / n, 2) if n else None
     if probe is not None:
         outcome.extra['during'] = probe
     return outcome
 
 
-def cases_in_order(names: Iterator[str] | list[str]) -> list[str]:
-    """Stock first, so each rq-epoch case can be compared as soon as it runs."""
-    return sorted(names, key=lambda name: (CASES[name].side != STOCK, name))
+def cases_in_order(names: Iterable[str]) -> list[str]:
+    """The cases asked for, in table order: each stock case before the rq-epoch cases it is compared with."""
+    order = list(CASES)
+    return sorted(set(names), key=order.index)

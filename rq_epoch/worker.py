@@ -60,6 +60,8 @@ class Worker(RQWorker):
     """
 
     job_class = Job
+    #: Longest wait, in seconds, for the server to return while an outcome is unwritten.
+    outcome_retry_limit: float = 600.0
 
     def __init__(
         self,
@@ -150,18 +152,27 @@ class Worker(RQWorker):
     def maintain_heartbeats(self, job: Any, execution: Execution | None = None) -> None:
         """Heartbeat the worker, the execution and the job, and extend the stamped lease.
 
-        One round trip, as RQ's own heartbeat. A server outage is ridden out: the failure
-        is logged once and the next heartbeat tries again. A lease that a sweep has taken
-        is not brought back: the work-horse is stopped, since the job is no longer ours.
+        One round trip, as RQ's own heartbeat. A server outage is ridden out: attempts are
+        retried with exponential backoff for up to one heartbeat interval, then the
+        work-horse is checked again and the next heartbeat goes on trying. A lease that a
+        sweep has taken is not brought back: the work-horse is stopped, since the job has
+        been handed on.
         """
         execution = execution if execution is not None else self.execution
         if execution is None:
             return
-        try:
-            extended, run_id = self._heartbeat_lease(job, execution)
-        except _CONNECTION_ERRORS as exc:
-            self._server_unreachable(exc)
-            return
+        deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
+        delay = 0.1
+        while True:
+            try:
+                extended, run_id = self._heartbeat_lease(job, execution)
+                break
+            except _CONNECTION_ERRORS as exc:
+                self._server_unreachable(exc)
+                if time.monotonic() + delay > deadline:
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, self._max_backoff())
         self._server_reachable(run_id)
         if not extended:
             self._lease_lost(job)
@@ -218,7 +229,7 @@ class Worker(RQWorker):
             down = time.monotonic() - self._server_lost_at
             self._server_lost_at = None
             self.log.warning(
-                'Worker %s: server back after %.1fs; epoch %s -> %s; lease re-stamped',
+                'Worker %s: server back after %.1fs; epoch %s -> %s',
                 self.name,
                 down,
                 self._known_run_id,
@@ -226,6 +237,11 @@ class Worker(RQWorker):
             )
         elif self._known_run_id and run_id != self._known_run_id:
             self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
+        if run_id != self._known_run_id:
+            try:
+                scripts.load_all(self.connection)
+            except _CONNECTION_ERRORS:
+                pass
         self._known_run_id = run_id
 
     def _lease_lost(self, job: Any) -> None:
@@ -239,12 +255,129 @@ class Worker(RQWorker):
         self.kill_horse()
 
     def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
-        """Fail a job as RQ does, except one whose lease a sweep took: that job is not ours."""
+        """Fail a job as RQ does, except one whose lease a sweep took: that job is not ours.
+
+        The failure is written once the server is reachable (see :meth:`write_outcome`).
+        """
         if job.id in self._lost_lease_job_ids:
             self._lost_lease_job_ids.discard(job.id)
             self.log.info('Worker %s: not failing job %s, whose lease was taken by a sweep', self.name, job.id)
             return
-        super().handle_job_failure(job, *args, **kwargs)
+        self.write_outcome(job, 'failure', lambda: super(Worker, self).handle_job_failure(job, *args, **kwargs))
+
+    def handle_job_success(self, job: Any, *args: Any, **kwargs: Any) -> None:
+        """Record a success as RQ does, once the server is reachable (see :meth:`write_outcome`)."""
+        self.write_outcome(job, 'success', lambda: super(Worker, self).handle_job_success(job, *args, **kwargs))
+
+    def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
+        self.write_outcome(
+            job, 'end', lambda: super(Worker, self).handle_execution_ended(job, queue, heartbeat_ttl), idempotent=True
+        )
+
+    def write_outcome(self, job: Any, what: str, write: Any, idempotent: bool = False) -> None:
+        """Run ``write`` (RQ's recording of a job's outcome), riding out a server outage.
+
+        On a connection error it waits with exponential backoff and tries again, for up
+        to :attr:`outcome_retry_limit` seconds. Before trying again it checks whether the
+        first attempt landed after all (the job is no longer "started"), so an outcome is
+        never written twice.
+        """
+        give_up = time.monotonic() + self.outcome_retry_limit
+        delay = 0.1
+        attempt = 0
+        while True:
+            try:
+                if attempt and not idempotent and self._outcome_landed(job):
+                    self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
+                    return
+                write()
+                if attempt:
+                    self.log.warning(
+                        'Worker %s: server back; %s of job %s recorded after %d attempt(s)',
+                        self.name,
+                        what,
+                        job.id,
+                        attempt + 1,
+                    )
+                return
+            except _CONNECTION_ERRORS as exc:
+                if attempt == 0:
+                    self.log.warning(
+                        'Worker %s: server unreachable while recording the %s of job %s (%s); retrying',
+                        self.name,
+                        what,
+                        job.id,
+                        exc,
+                    )
+                attempt += 1
+                if time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, self._max_backoff())
+
+    def _outcome_landed(self, job: Any) -> bool:
+        status = self.connection.hget(job.key, 'status')
+        return status is None or status != b'started'
+
+    def _max_backoff(self) -> float:
+        return float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval)))
+
+    def monitor_work_horse(self, job: Any, queue: Any, *args: Any) -> None:
+        """Monitor the work-horse as RQ does, riding out an outage after it exited.
+
+        When the horse died and the server is unreachable at that moment, its failure is
+        recorded once the server returns (unless the job already left "started").
+        """
+        try:
+            super().monitor_work_horse(job, queue, *args)
+        except _CONNECTION_ERRORS as exc:
+            if self.horse_pid:
+                raise
+            self._server_unreachable(exc)
+            kwargs: dict[str, Any] = {'queue': queue, 'exc_string': 'Work-horse terminated unexpectedly'}
+            if args:
+                kwargs['execution'] = args[0]
+            self.write_outcome(
+                job,
+                'failure',
+                lambda: None if self._outcome_landed(job) else super(Worker, self).handle_job_failure(job, **kwargs),
+                idempotent=True,
+            )
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
+        if pipeline is not None:
+            return super().heartbeat(timeout, pipeline=pipeline)
+        try:
+            super().heartbeat(timeout)
+            if self._server_lost_at is not None:
+                self._server_reachable(read_epoch(self.connection).run_id)
+        except _CONNECTION_ERRORS as exc:
+            self._server_unreachable(exc)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            return super().set_state(state, pipeline=pipeline)
+        try:
+            super().set_state(state)
+        except _CONNECTION_ERRORS as exc:
+            self._server_unreachable(exc)
+
+    def set_current_job_working_time(self, working_time: float, pipeline: Any = None) -> None:
+        """RQ 2's working-time bookkeeping (called while monitoring); rides out an outage."""
+        if pipeline is not None:
+            return super().set_current_job_working_time(working_time, pipeline=pipeline)  # type: ignore[misc]
+        try:
+            super().set_current_job_working_time(working_time)  # type: ignore[misc]
+        except _CONNECTION_ERRORS as exc:
+            self._server_unreachable(exc)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's suspension check; while the server is unreachable, the dequeue loop waits."""
+        try:
+            super().check_for_suspension(burst)
+        except _CONNECTION_ERRORS as exc:
+            self._server_unreachable(exc)
 
     # -- sweeping --------------------------------------------------------------------
 
@@ -264,10 +397,13 @@ class Worker(RQWorker):
 
     def run_maintenance_tasks(self) -> None:
         """RQ's maintenance when it is due (with the sweep in place of its cleanup), else the sweep."""
-        if super().should_run_maintenance_tasks:
-            super().run_maintenance_tasks()
-        else:
-            self._sweep_if_due()
+        try:
+            if super().should_run_maintenance_tasks:
+                super().run_maintenance_tasks()
+            else:
+                self._sweep_if_due()
+        except _CONNECTION_ERRORS as exc:
+            self._server_unreachable(exc)
 
     def clean_registries(self) -> None:
         """RQ's registry maintenance, with the epoch-aware sweep for started jobs."""

@@ -1,0 +1,119 @@
+"""Question 1: rq-epoch's sweep vs stock ``StartedJobRegistry.cleanup()`` over the same jobs.
+
+For each size N, each case of :mod:`benchmarks.scenarios` gets N expired leases on a
+flushed server and cleans them once: wall seconds, members per second, round trips the
+cleaning client made (counted in redis-py), commands the server ran (INFO commandstats,
+commands inside scripts included), and the speed-up over the matching stock case.
+
+    python -m benchmarks.sweep_vs_cleanup            # N = 1,000, 10,000, 100,000
+    python -m benchmarks.sweep_vs_cleanup --quick    # N = 200
+
+A stock case whose time, extrapolated linearly from the previous size, would pass
+``--stock-limit`` seconds is not run at that size; the table says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import STOCK, parser, quiet_logging, ratio, server, server_version, table, write_results
+from .scenarios import BASELINE, CASES, DEAD_CASES, REQUEUE_CASES, Outcome, cases_in_order, run_case
+
+NAME = 'sweep_vs_cleanup'
+FULL_SIZES = (1_000, 10_000, 100_000)
+QUICK_SIZES = (200,)
+#: Targets from the issue: speed-up over stock for requeue verdicts (N >= 10,000) and dead letters.
+REQUEUE_TARGET = 50.0
+DEAD_TARGET = 5.0
+
+
+def target_for(case: str, n: int) -> float | None:
+    """The speed-up the issue asks of ``case`` at size ``n`` (None: no target)."""
+    if case in ('exempt', 'recovered'):
+        return REQUEUE_TARGET if n >= 10_000 else None
+    if case == 'dead':
+        return DEAD_TARGET
+    return None
+
+
+def run(kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float) -> dict[str, Any]:
+    """Every case at every size; returns the rows for the JSON document."""
+    quiet_logging()
+    rows: list[dict[str, Any]] = []
+    server_name = ''
+    with server(kind) as srv:
+        conn = srv.client()
+        server_name = server_version(conn)
+        last: dict[str, Outcome] = {}
+        for n in sizes:
+            done: dict[str, Outcome] = {}
+            for case in cases_in_order(cases):
+                estimate = _estimate(last.get(case), n)
+                if CASES[case].side == STOCK and estimate is not None and estimate > stock_limit:
+                    rows.append({'case': case, 'side': STOCK, 'n': n, 'skipped': True, 'estimated_seconds': estimate})
+                    continue
+                outcome = run_case(conn, case, n)
+                done[case] = outcome
+                rows.append(_row(outcome, done.get(BASELINE.get(case, ''))))
+                _progress(rows[-1])
+            last.update(done)
+    return {'server': server_name, 'sizes': list(sizes), 'rows': rows}
+
+
+def _estimate(previous: Outcome | None, n: int) -> float | None:
+    if previous is None:
+        return None
+    return round(previous.seconds * n / previous.n, 1)
+
+
+def _row(outcome: Outcome, baseline: Outcome | None) -> dict[str, Any]:
+    row = outcome.to_dict()
+    row['vs'] = baseline.case if baseline is not None else None
+    row['speedup'] = ratio(baseline.seconds, outcome.seconds) if baseline is not None else None
+    row['round_trips_per_member'] = round(outcome.round_trips / outcome.n, 3)
+    row['server_commands_per_member'] = round(outcome.server_commands / outcome.n, 2)
+    target = target_for(outcome.case, outcome.n)
+    row['target_speedup'] = target
+    row['target_met'] = None if target is None or row['speedup'] is None else row['speedup'] >= target
+    return row
+
+
+def _progress(row: dict[str, Any]) -> None:
+    print(f"  n={row['n']:>7,} {row['case']:<12} {row['seconds']:>9.3f}s  ok={row['ok']}", flush=True)
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The table printed at the end (and pasted into docs/performance.md)."""
+    headers = ['N', 'case', 'seconds', 'members/s', 'round trips', 'server cmds', 'speed-up', 'target', 'ok']
+    body = []
+    for r in rows:
+        if r.get('skipped'):
+            body.append([r['n'], r['case'], f"not run (~{r['estimated_seconds']}s est.)", None, None, None, None, None, None])
+            continue
+        target = None if r['target_speedup'] is None else f"≥{r['target_speedup']:g}× {'met' if r['target_met'] else 'MISSED'}"
+        speedup = None if r['speedup'] is None else f"{r['speedup']:g}×"
+        body.append(
+            [r['n'], r['case'], r['seconds'], r['members_per_second'], r['round_trips'], r['server_commands'],
+             speedup, target, 'yes' if r['ok'] else 'NO']
+        )
+    return table(headers, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument('--sizes', type=lambda s: tuple(int(x) for x in s.split(',')), default=None,
+                   help='comma-separated sizes (default 1000,10000,100000; quick 200)')
+    p.add_argument('--cases', default=','.join(REQUEUE_CASES + DEAD_CASES), help='comma-separated cases')
+    p.add_argument('--stock-limit', type=float, default=180.0, help='skip a stock case estimated to take longer (s)')
+    args = p.parse_args(argv)
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    cases = [c for c in args.cases.split(',') if c]
+    result = run(args.server, sizes, cases, args.stock_limit)
+    print()
+    print(render(result['rows']))
+    write_results(NAME, {'quick': args.quick, **result}, args.out)
+    return 0 if all(r.get('ok', True) for r in result['rows']) else 1
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

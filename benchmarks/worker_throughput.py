@@ -1,0 +1,151 @@
+"""Question 3a: jobs per second through ``rq worker --burst``, stock vs ``rq_epoch.Worker``.
+
+The same N no-op jobs (``benchmarks.jobs.noop``) on the same queue, drained by one real
+``rq worker --burst`` process (a work-horse forked per job), stock then rq-epoch then
+rq-epoch then stock (so that drift on a shared machine falls on both sides alike). Both
+run with their defaults. Two rates per run: over the worker process's whole life (start-up
+included), and from the first job's start to the last job's end (the steady rate).
+
+rq-epoch has no worker that runs jobs in-process (like RQ's ``SimpleWorker``), so only
+the forking workers are compared.
+
+    python -m benchmarks.worker_throughput          # 2,000 jobs per run, 4 runs
+    python -m benchmarks.worker_throughput --quick  # 30 jobs, 2 runs
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.registry import FinishedJobRegistry
+
+from .common import EPOCH, ROOT, STOCK, parser, ratio, server, server_version, table, write_results
+from .fixture import enqueue_jobs
+
+NAME = 'worker_throughput'
+QUEUE = 'bench'
+TARGET = 0.95
+ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK)
+ORDER_QUICK = (STOCK, EPOCH)
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker: this checkout importable, no rq-epoch settings inherited."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith('RQ_EPOCH_')}
+    env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
+    return env
+
+
+def worker_argv(url: str, side: str, *extra: str) -> list[str]:
+    """``rq worker --burst`` for one side (``rq_epoch.Worker`` by ``--worker-class``)."""
+    argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', url, '--burst']
+    if side == EPOCH:
+        argv += ['--worker-class', 'rq_epoch.Worker']
+    return argv + list(extra) + [QUEUE]
+
+
+def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
+    """From the first job's ``started_at`` to the last job's ``ended_at``."""
+    from rq.utils import str_to_date
+
+    with conn.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hmget(f'rq:job:{job_id}', 'started_at', 'ended_at')
+        rows = pipe.execute()
+    starts = [str_to_date(r[0]).timestamp() for r in rows if r[0]]
+    ends = [str_to_date(r[1]).timestamp() for r in rows if r[1]]
+    return max(ends) - min(starts) if starts and ends else 0.0
+
+
+def one_run(conn: redis.Redis, url: str, side: str, n: int, log_dir: Path, index: int, timeout: float) -> dict[str, Any]:
+    """Enqueue ``n`` no-op jobs and drain them with one burst worker of ``side``."""
+    conn.flushall()
+    jobs = enqueue_jobs(conn, QUEUE, n, on_failure=False)
+    log = log_dir / f'{index}-{side}.log'
+    start = time.perf_counter()
+    with open(log, 'wb') as fh:
+        proc = subprocess.Popen(worker_argv(url, side), cwd=ROOT, env=worker_env(), stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            rc = -1
+    wall = time.perf_counter() - start
+    finished = FinishedJobRegistry(QUEUE, connection=conn).count
+    steady = steady_seconds(conn, jobs.job_ids)
+    return {
+        'side': side,
+        'n': n,
+        'exit_code': rc,
+        'finished': finished,
+        'left_queued': Queue(QUEUE, connection=conn).count,
+        'ok': rc == 0 and finished == n,
+        'wall_seconds': round(wall, 3),
+        'steady_seconds': round(steady, 3),
+        'jobs_per_second': round(n / wall, 1),
+        'steady_jobs_per_second': round(n / steady, 1) if steady else None,
+    }
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean rates per side and the ratio rq-epoch / stock."""
+    out: dict[str, Any] = {}
+    for side in (STOCK, EPOCH):
+        mine = [r for r in runs if r['side'] == side]
+        out[side] = {
+            'jobs_per_second': round(mean(r['jobs_per_second'] for r in mine), 1),
+            'steady_jobs_per_second': round(mean(r['steady_jobs_per_second'] or 0 for r in mine), 1),
+        }
+    out['ratio'] = ratio(out[EPOCH]['jobs_per_second'], out[STOCK]['jobs_per_second'])
+    out['steady_ratio'] = ratio(out[EPOCH]['steady_jobs_per_second'], out[STOCK]['steady_jobs_per_second'])
+    out['target'] = TARGET
+    out['target_met'] = out['ratio'] is not None and out['ratio'] >= TARGET
+    return out
+
+
+def render(runs: list[dict[str, Any]], totals: dict[str, Any]) -> str:
+    headers = ['run', 'worker', 'jobs', 'wall s', 'jobs/s', 'steady jobs/s', 'ok']
+    body: list[list[Any]] = [
+        [i + 1, r['side'], r['n'], r['wall_seconds'], r['jobs_per_second'], r['steady_jobs_per_second'], r['ok']]
+        for i, r in enumerate(runs)
+    ]
+    for side in (STOCK, EPOCH):
+        body.append(['mean', side, None, None, totals[side]['jobs_per_second'], totals[side]['steady_jobs_per_second'], None])
+    body.append(['ratio', 'rq-epoch/stock', None, None, totals['ratio'], totals['steady_ratio'],
+                 f"target ≥{TARGET}: {'met' if totals['target_met'] else 'MISSED'}"])
+    return table(headers, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument('-n', type=int, default=None, help='jobs per run (default 2000; quick 30)')
+    p.add_argument('--timeout', type=float, default=600.0, help='longest a run may take (s)')
+    args = p.parse_args(argv)
+    n = args.n or (30 if args.quick else 2000)
+    order = ORDER_QUICK if args.quick else ORDER_FULL
+    with server(args.server) as srv, tempfile.TemporaryDirectory(prefix='rq-epoch-bench-') as tmp:
+        conn = srv.client()
+        runs = []
+        for index, side in enumerate(order):
+            runs.append(one_run(conn, srv.url, side, n, Path(tmp), index, args.timeout))
+            print(f"  run {index + 1}: {side:<8} {runs[-1]['jobs_per_second']:8.1f} jobs/s  ok={runs[-1]['ok']}", flush=True)
+        totals = summary(runs)
+        print()
+        print(render(runs, totals))
+        write_results(NAME, {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': totals},
+                      args.out, conn)
+    return 0 if all(r['ok'] for r in runs) else 1
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
