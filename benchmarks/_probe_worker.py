@@ -29,13 +29,17 @@ def _wrap(cls: type, out: str) -> None:
             start = time.perf_counter()
             result = original(self, *args, **kwargs)
             elapsed = time.perf_counter() - start
-        record = {'worker': type(self).__module__, 'round_trips': traffic.round_trips,
-                  'commands': traffic.commands, 'us': round(elapsed * 1e6, 1)}
+        record = {
+            'worker': type(self).__module__,
+            'round_trips': traffic.round_trips,
+            'commands': traffic.commands,
+            'us': round(elapsed * 1e6, 1),
+        }
         with open(out, 'a', encoding='utf-8') as fh:
             fh.write(json.dumps(record) + '\n')
         return result
 
-    setattr(cls, 'maintain_heartbeats', maintain_heartbeats)
+    setattr(cls, 'maintain_heartbeats', maintain_heartbeats)  # noqa: B010 - patching a method on a class
 
 
 def main() -> None:

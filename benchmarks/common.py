@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,15 @@ def commandstats(conn: redis.Redis) -> dict[str, int]:
 
 
 #: Commands the benchmark itself sends to measure (the latency probe's PINGs too); left out of the deltas.
-MEASURING = ('ping', 'slowlog|get', 'slowlog|reset', 'config|set', 'config|resetstat', 'latency|latest', 'latency|reset')
+MEASURING = (
+    'ping',
+    'slowlog|get',
+    'slowlog|reset',
+    'config|set',
+    'config|resetstat',
+    'latency|latest',
+    'latency|reset',
+)
 
 
 def command_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -256,7 +264,7 @@ def _cell(value: Any) -> str:
 def environment(conn: redis.Redis | None = None) -> dict[str, Any]:
     """Where and when a run happened: versions, cores, load."""
     env: dict[str, Any] = {
-        'date_utc': datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ'),
+        'date_utc': datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ'),
         'python': platform.python_version(),
         'rq': rq.__version__ if hasattr(rq, '__version__') else rq.VERSION,
         'rq_epoch': rq_epoch.__version__,
@@ -265,16 +273,38 @@ def environment(conn: redis.Redis | None = None) -> dict[str, Any]:
         'load_average_at_end': [round(x, 2) for x in os.getloadavg()],
         'machine': platform.machine(),
     }
+    env['git'] = _git_state()
     if conn is not None:
         env['server'] = server_version(conn)
     return env
+
+
+def _git_state() -> str:
+    """The commit measured, marked ``+changes`` when rq_epoch/ differs from it."""
+    import subprocess
+
+    try:
+        head = subprocess.run(
+            ['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ['git', 'status', '--porcelain', '--', 'rq_epoch'], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return 'unknown'
+    if head.returncode != 0:
+        return 'unknown'
+    return head.stdout.strip() + ('+changes' if dirty.stdout.strip() else '')
 
 
 def write_results(name: str, data: dict[str, Any], out: Path | None, conn: redis.Redis | None = None) -> Path:
     """Write ``data`` with the run's environment as JSON; returns the path written."""
     path = out if out is not None else RESULTS_DIR / f'{name}.json'
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {'benchmark': name, 'environment': environment(conn), **data}
+    env = environment(conn)
+    if 'server' not in env and 'server' in data:
+        env['server'] = data['server']
+    document = {'benchmark': name, 'environment': env, **data}
     path.write_text(json.dumps(document, indent=2, sort_keys=False) + '\n', encoding='utf-8')
     print(f'\nresults written to {path}', file=sys.stderr)
     return path

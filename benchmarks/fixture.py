@@ -28,11 +28,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import redis
-from rq import Queue, Retry
+from rq import Callback, Queue, Retry
 from rq.job import Dependency
 from rq.utils import utcformat
 
@@ -81,7 +82,7 @@ def enqueue_jobs(
     one dependent that runs even if it fails (``allow_failure``).
     """
     queue = Queue(queue_name, connection=conn)
-    on_fail = 'benchmarks.jobs.on_failure_count' if on_failure else None
+    on_fail = Callback('benchmarks.jobs.on_failure_count') if on_failure else None
     job_ids: list[str] = []
     for chunk in _chunks(list(range(n))):
         datas = [
@@ -172,9 +173,9 @@ def _start_one(
 
 
 def _utc(timestamp: float) -> Any:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    return datetime.fromtimestamp(timestamp, tz=UTC)
 
 
 # -- validation against real workers --------------------------------------------------------
@@ -182,8 +183,9 @@ def _utc(timestamp: float) -> Any:
 _UUID = re.compile(r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}')
 _RUN_ID = re.compile(r'\b[0-9a-f]{40}\b')
 _EXEC = re.compile(r'\b[0-9a-f]{32}\b')
-#: Worker registration: written by a live worker, read by neither cleanup.
-_IGNORED = re.compile(r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues)$')
+#: Worker registration (written by a live worker, read by neither cleanup) and the sweep's
+#: own per-queue bookkeeping (a worker's start-up sweep writes it, not the start of a job).
+_IGNORED = re.compile(r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*)$')
 
 
 def _normal(text: str, workers: list[str]) -> str:
@@ -198,33 +200,35 @@ def _score(score: float, now: float) -> str:
     return 'future' if score > now else 'past'
 
 
+def _s(value: Any) -> str:
+    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
+
+
 def layout(conn: redis.Redis) -> dict[str, Any]:
     """Every key, with ids replaced by placeholders: type, TTL or not, fields or members."""
     now = server_time(conn)
-    names = [k.decode() for k in conn.scan_iter(count=1000)]
+    names = [_s(k) for k in conn.scan_iter(count=1000)]
     workers = sorted({n.split(':')[2] for n in names if n.startswith('rq:worker:') and n.count(':') >= 2}, key=len)
     workers.reverse()
+    shown = ('status', 'worker_name', 'lease_epoch', 'lease_execution', 'job_id', 'id')
     found: dict[str, Any] = {}
     for name in names:
         key = _normal(name, workers)
         if _IGNORED.match(key):
             continue
-        kind = conn.type(name).decode()
-        value: Any
+        kind = _s(conn.type(name))
+        value: Any = None
         if kind == 'hash':
-            fields = {k.decode(): v.decode('utf-8', 'replace') for k, v in conn.hgetall(name).items()}
-            shown = ('status', 'worker_name', 'lease_epoch', 'lease_execution', 'job_id', 'id')
+            fields = {_s(k): _s(v) for k, v in dict(conn.hgetall(name)).items()}
             value = sorted(f'{k}={_normal(v, workers)}' if k in shown else k for k, v in fields.items())
         elif kind == 'zset':
-            value = sorted(f'{_normal(m.decode(), workers)}@{_score(s, now)}' for m, s in conn.zrange(name, 0, -1, withscores=True))
-            value = sorted(set(value))
+            pairs: list[Any] = list(conn.zrange(name, 0, -1, withscores=True))
+            value = sorted({f'{_normal(_s(m), workers)}@{_score(float(sc), now)}' for m, sc in pairs})
         elif kind == 'set':
-            value = sorted({_normal(m.decode(), workers) for m in conn.smembers(name)})
+            value = sorted({_normal(_s(m), workers) for m in conn.smembers(name)})
         elif kind == 'list':
-            value = sorted({_normal(m.decode(), workers) for m in conn.lrange(name, 0, -1)})
-        else:
-            value = None
-        found[key] = {'type': kind, 'expires': conn.ttl(name) > 0, 'value': value}
+            value = sorted({_normal(_s(m), workers) for m in conn.lrange(name, 0, -1)})
+        found[key] = {'type': kind, 'expires': int(conn.ttl(name)) > 0, 'value': value}
     return found
 
 
@@ -255,14 +259,21 @@ def real_layout(srv: EmbeddedServer, side: str, n_jobs: int = 2, timeout: float 
     conn.flushall()
     queue = Queue('check', connection=conn)
     for _ in range(n_jobs):
-        queue.enqueue('benchmarks.jobs.sleep_for', 60, retry=Retry(max=1), on_failure='benchmarks.jobs.on_failure_count')
+        queue.enqueue(
+            'benchmarks.jobs.sleep_for', 60, retry=Retry(max=1), on_failure=Callback('benchmarks.jobs.on_failure_count')
+        )
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
     argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', srv.url, '--burst']
     if side == EPOCH:
         argv += ['--worker-class', 'rq_epoch.Worker']
     procs = [
-        subprocess.Popen(argv + ['--name', f'real-{i}', 'check'], cwd=ROOT, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            argv + ['--name', f'real-{i}', 'check'],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for i in range(n_jobs)
     ]
     try:
@@ -306,7 +317,9 @@ def main() -> int:
     """Print the differences between the fixture and real workers; exit 1 if any."""
     differences = validate()
     for side, diffs in differences.items():
-        print(f'{side}: ' + ('same layout as real workers killed mid-job' if not diffs else f'{len(diffs)} differences'))
+        print(
+            f'{side}: ' + ('same layout as real workers killed mid-job' if not diffs else f'{len(diffs)} differences')
+        )
         for line in diffs:
             print('   ', line)
     return 1 if any(differences.values()) else 0

@@ -19,12 +19,13 @@ periodic maintenance, not part of a heartbeat; its idle cost is reported on its 
 
 from __future__ import annotations
 
+import inspect
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -72,16 +73,28 @@ def real_workers(conn: redis.Redis, url: str, jobs: int, tmp: Path) -> dict[str,
             queue.enqueue('benchmarks.jobs.sleep_for', JOB_SECONDS)
         probe = tmp / f'{side}.jsonl'
         env = worker_env()
-        env.update({'BENCH_PROBE_OUT': str(probe), 'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_SWEEP_INTERVAL': '3600'})
-        argv = [sys.executable, '-m', 'benchmarks._probe_worker', 'worker', '--url', url, '--burst',
-                '--job-monitoring-interval', '1']
+        env.update(
+            {'BENCH_PROBE_OUT': str(probe), 'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_SWEEP_INTERVAL': '3600'}
+        )
+        argv = [
+            sys.executable,
+            '-m',
+            'benchmarks._probe_worker',
+            'worker',
+            '--url',
+            url,
+            '--burst',
+            '--job-monitoring-interval',
+            '1',
+        ]
         if side == EPOCH:
             argv += ['--worker-class', 'rq_epoch.Worker']
         conn.config_resetstat()
         before = commandstats(conn)
         with open(tmp / f'{side}.log', 'wb') as log:
-            proc = subprocess.run(argv + [QUEUE], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=60 + jobs * 10)
+            proc = subprocess.run(
+                argv + [QUEUE], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=60 + jobs * 10
+            )
         delta = command_delta(before, commandstats(conn))
         beats = [json.loads(line) for line in probe.read_text().splitlines()] if probe.exists() else []
         out[side] = {
@@ -110,29 +123,42 @@ def _started(conn: redis.Redis, worker: Any, queue: Queue) -> tuple[Any, Any]:
     return job, execution
 
 
+def _heartbeat_call(worker: Any, job: Any, execution: Any) -> Callable[[], None]:
+    """The worker's own heartbeat: RQ 3 passes the execution, RQ 2 keeps it on the worker."""
+    if 'execution' in inspect.signature(worker.maintain_heartbeats).parameters:
+        return lambda: worker.maintain_heartbeats(job, execution)
+    worker.execution = execution
+    return lambda: worker.maintain_heartbeats(job)
+
+
 def latency(conn: redis.Redis, beats: int) -> dict[str, Any]:
     """Alternate heartbeats of a stock and an rq-epoch worker; time and count each."""
     conn.flushall()
     stock_queue = Queue('beat-stock', connection=conn)
     epoch_queue = rq_epoch.Queue('beat-epoch', connection=conn)
     stock = rq.Worker([stock_queue], connection=conn, name='beat-stock', job_monitoring_interval=1)
-    epoch = rq_epoch.Worker([epoch_queue], connection=conn, name='beat-epoch', heartbeat_interval=1,
-                            sweep_interval=86_400)
+    epoch = rq_epoch.Worker(
+        [epoch_queue], connection=conn, name='beat-epoch', heartbeat_interval=1, sweep_interval=86_400
+    )
     rq_epoch.scripts.load_all(conn)
     epoch._known_run_id = str(conn.info('server')['run_id'])
     epoch._last_sweep = time.monotonic()
     for worker in (stock, epoch):
         worker.register_birth()
-    subjects = {STOCK: (stock, *_started(conn, stock, stock_queue)), EPOCH: (epoch, *_started(conn, epoch, epoch_queue))}
+    subjects = {
+        STOCK: (stock, *_started(conn, stock, stock_queue)),
+        EPOCH: (epoch, *_started(conn, epoch, epoch_queue)),
+    }
+    calls = {side: _heartbeat_call(*subject) for side, subject in subjects.items()}
     samples: dict[str, list[float]] = {STOCK: [], EPOCH: []}
     traffic_seen: dict[str, set[tuple[int, int]]] = {STOCK: set(), EPOCH: set()}
     for i in range(beats):
         order = (STOCK, EPOCH) if i % 2 == 0 else (EPOCH, STOCK)
         for side in order:
-            worker, job, execution = subjects[side]
+            beat = calls[side]
             with count_traffic() as traffic:
                 start = time.perf_counter()
-                worker.maintain_heartbeats(job, execution)
+                beat()
                 samples[side].append((time.perf_counter() - start) * 1e6)
             traffic_seen[side].add((traffic.round_trips, traffic.commands))
     out: dict[str, Any] = {}
@@ -164,23 +190,45 @@ def idle_sweep(conn: redis.Redis, repeats: int) -> dict[str, Any]:
             sweeper.sweep(['beat-epoch'])
             times.append((time.perf_counter() - start) * 1e6)
         traffic_seen.add((traffic.round_trips, traffic.commands))
-    return {'p50_us': round(percentile(times, 50), 1), 'round_trips': sorted({rt for rt, _ in traffic_seen}),
-            'commands': sorted({c for _, c in traffic_seen})}
+    return {
+        'p50_us': round(percentile(times, 50), 1),
+        'round_trips': sorted({rt for rt, _ in traffic_seen}),
+        'commands': sorted({c for _, c in traffic_seen}),
+    }
 
 
 def render(real: dict[str, Any], lat: dict[str, Any], idle: dict[str, Any]) -> str:
-    headers = ['worker', 'heartbeats (real)', 'round trips/beat', 'commands/beat', 'SCRIPT EXISTS',
-               'p50 µs', 'p99 µs', 'mean µs']
+    headers = [
+        'worker',
+        'heartbeats (real)',
+        'round trips/beat',
+        'commands/beat',
+        'SCRIPT EXISTS',
+        'p50 µs',
+        'p99 µs',
+        'mean µs',
+    ]
     body = []
     for side in (STOCK, EPOCH):
         r, t = real[side], lat[side]
-        body.append([side, r['heartbeats'], '/'.join(map(str, r['round_trips_per_heartbeat'])),
-                     '/'.join(map(str, r['commands_per_heartbeat'])), r['script_exists_sent'],
-                     t['p50_us'], t['p99_us'], t['mean_us']])
+        body.append(
+            [
+                side,
+                r['heartbeats'],
+                '/'.join(map(str, r['round_trips_per_heartbeat'])),
+                '/'.join(map(str, r['commands_per_heartbeat'])),
+                r['script_exists_sent'],
+                t['p50_us'],
+                t['p99_us'],
+                t['mean_us'],
+            ]
+        )
     body.append(['ratio', None, None, None, None, lat['ratio_p50'], None, lat['ratio_mean']])
     verdict = 'met' if lat['target_met'] else 'MISSED'
-    extra = (f"\nheartbeat latency ratio (p50) {lat['ratio_p50']}: target ≤{LATENCY_TARGET} {verdict}"
-             f"\nidle sweep (periodic, not per heartbeat): {idle['round_trips']} round trips, p50 {idle['p50_us']} µs")
+    extra = (
+        f'\nheartbeat latency ratio (p50) {lat["ratio_p50"]}: target ≤{LATENCY_TARGET} {verdict}'
+        f'\nidle sweep (periodic, not per heartbeat): {idle["round_trips"]} round trips, p50 {idle["p50_us"]} µs'
+    )
     return table(headers, body) + extra
 
 
@@ -196,13 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         real = real_workers(conn, srv.url, jobs, Path(tmp))
         lat = latency(conn, beats)
         idle = idle_sweep(conn, 20 if args.quick else 200)
-        extra_rt = {
-            side: max(real[side]['round_trips_per_heartbeat'], default=0) for side in (STOCK, EPOCH)
-        }
+        extra_rt = {side: max(real[side]['round_trips_per_heartbeat'], default=0) for side in (STOCK, EPOCH)}
         no_extra = extra_rt[EPOCH] <= extra_rt[STOCK] and real[EPOCH]['script_exists_sent'] == 0
-        result = {'quick': args.quick, 'server': server_version(conn), 'real_workers': real, 'latency': lat,
-                  'idle_sweep': idle,
-                  'targets': {'no_extra_round_trip': no_extra, 'latency_ratio_met': lat['target_met']}}
+        result = {
+            'quick': args.quick,
+            'server': server_version(conn),
+            'real_workers': real,
+            'latency': lat,
+            'idle_sweep': idle,
+            'targets': {'no_extra_round_trip': no_extra, 'latency_ratio_met': lat['target_met']},
+        }
         print(render(real, lat, idle))
         write_results(NAME, result, args.out, conn)
     ok = all(real[s]['ok'] for s in (STOCK, EPOCH))

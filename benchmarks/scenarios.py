@@ -114,7 +114,8 @@ def check(conn: redis.Redis, case: Case, jobs: JobSet, callbacks: int) -> dict[s
     failed = FailedJobRegistry(QUEUE, connection=conn).count
     started_left = conn.zcard(f'rq:wip:{QUEUE}') + conn.zcard(f'rq:epoch:leases:{QUEUE}')
     sample = jobs.job_ids[:: max(1, n // 20)]
-    statuses = {s.decode() if s else None for s in (conn.hget(f'rq:job:{j}', 'status') for j in sample)}
+    raw: list[Any] = [conn.hget(f'rq:job:{j}', 'status') for j in sample]
+    statuses = {s.decode() if isinstance(s, bytes) else s for s in raw}
     if case.requeue:
         expected = {'queued': n, 'failed': 0, 'left_started': 0, 'statuses': ['queued']}
     else:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rq_epoch.settings import DEFAULTS
 
-from .common import EPOCH, PingProbe, parser, quiet_logging, server, server_version, table, write_results
+from .common import PingProbe, parser, quiet_logging, server, server_version, table, write_results
 from .scenarios import CASES, run_case
 
 NAME = 'sweep_latency'
@@ -42,10 +42,18 @@ def during(conn: Any, srv: Any, n: int) -> list[dict[str, Any]]:
     rows = []
     for case in SIDES:
         outcome = run_case(conn, case, n, around=lambda: PingProbe(srv))
-        rows.append({'case': case, 'side': CASES[case].side, 'n': n, 'seconds': round(outcome.seconds, 3),
-                     'ok': outcome.ok, 'script': {k: v for k, v in outcome.extra.items() if k.startswith('script')},
-                     **outcome.extra['during']})
-        print(f"  {case:<12} {outcome.seconds:8.3f}s  p99 {rows[-1]['p99_ms']} ms", flush=True)
+        rows.append(
+            {
+                'case': case,
+                'side': CASES[case].side,
+                'n': n,
+                'seconds': round(outcome.seconds, 3),
+                'ok': outcome.ok,
+                'script': {k: v for k, v in outcome.extra.items() if k.startswith('script')},
+                **outcome.extra['during'],
+            }
+        )
+        print(f'  {case:<12} {outcome.seconds:8.3f}s  p99 {rows[-1]["p99_ms"]} ms', flush=True)
     return rows
 
 
@@ -55,20 +63,24 @@ def batch_study(conn: Any, srv: Any, n: int, batches: tuple[int, ...]) -> list[d
     for batch in batches:
         outcome = run_case(conn, 'exempt', n, batch_size=batch, around=lambda: PingProbe(srv))
         seen = outcome.extra['during']
-        rows.append({
-            'batch': batch,
-            'n': n,
-            'seconds': round(outcome.seconds, 3),
-            'members_per_second': round(outcome.per_second, 1),
-            'script_calls': outcome.extra.get('script_calls'),
-            'script_ms_mean': outcome.extra.get('script_ms_mean'),
-            'script_us_per_member': outcome.extra.get('script_us_per_member'),
-            'longest_block_ms': seen['server_blocks']['longest_ms'],
-            'ping_p99_ms': seen['p99_ms'],
-            'ping_max_ms': seen['max_ms'],
-            'ok': outcome.ok,
-        })
-        print(f"  batch {batch:>5}: {outcome.seconds:7.3f}s  longest block {rows[-1]['longest_block_ms']} ms", flush=True)
+        rows.append(
+            {
+                'batch': batch,
+                'n': n,
+                'seconds': round(outcome.seconds, 3),
+                'members_per_second': round(outcome.per_second, 1),
+                'script_calls': outcome.extra.get('script_calls'),
+                'script_ms_mean': outcome.extra.get('script_ms_mean'),
+                'script_us_per_member': outcome.extra.get('script_us_per_member'),
+                'longest_block_ms': seen['server_blocks']['longest_ms'],
+                'ping_p99_ms': seen['p99_ms'],
+                'ping_max_ms': seen['max_ms'],
+                'ok': outcome.ok,
+            }
+        )
+        print(
+            f'  batch {batch:>5}: {outcome.seconds:7.3f}s  longest block {rows[-1]["longest_block_ms"]} ms', flush=True
+        )
     return rows
 
 
@@ -89,14 +101,56 @@ def verdicts(base: dict[str, Any], rows: list[dict[str, Any]], study: list[dict[
 
 def render(base: dict[str, Any], rows: list[dict[str, Any]], study: list[dict[str, Any]]) -> str:
     headers = ['while', 'N', 'seconds', 'PING p50 ms', 'p99 ms', 'max ms', 'longest block ms', 'pings']
-    body: list[list[Any]] = [['nothing (baseline)', None, base['seconds'], base['p50_ms'], base['p99_ms'], base['max_ms'],
-                              base['server_blocks']['longest_ms'], base['pings']]]
+    body: list[list[Any]] = [
+        [
+            'nothing (baseline)',
+            None,
+            base['seconds'],
+            base['p50_ms'],
+            base['p99_ms'],
+            base['max_ms'],
+            base['server_blocks']['longest_ms'],
+            base['pings'],
+        ]
+    ]
     for r in rows:
-        body.append([r['case'], r['n'], r['seconds'], r['p50_ms'], r['p99_ms'], r['max_ms'],
-                     r['server_blocks']['longest_ms'], r['pings']])
-    batch_headers = ['batch', 'N', 'seconds', 'members/s', 'calls', 'mean call ms', 'µs/member', 'longest ms', 'PING p99 ms']
-    batch_body = [[r['batch'], r['n'], r['seconds'], r['members_per_second'], r['script_calls'], r['script_ms_mean'],
-                   r['script_us_per_member'], r['longest_block_ms'], r['ping_p99_ms']] for r in study]
+        body.append(
+            [
+                r['case'],
+                r['n'],
+                r['seconds'],
+                r['p50_ms'],
+                r['p99_ms'],
+                r['max_ms'],
+                r['server_blocks']['longest_ms'],
+                r['pings'],
+            ]
+        )
+    batch_headers = [
+        'batch',
+        'N',
+        'seconds',
+        'members/s',
+        'calls',
+        'mean call ms',
+        'µs/member',
+        'longest ms',
+        'PING p99 ms',
+    ]
+    batch_body = [
+        [
+            r['batch'],
+            r['n'],
+            r['seconds'],
+            r['members_per_second'],
+            r['script_calls'],
+            r['script_ms_mean'],
+            r['script_us_per_member'],
+            r['longest_block_ms'],
+            r['ping_p99_ms'],
+        ]
+        for r in study
+    ]
     return table(headers, body) + '\n\n' + table(batch_headers, batch_body)
 
 
@@ -115,8 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         base = baseline(srv, 0.5 if args.quick else 5.0)
         rows = during(conn, srv, n)
         study = batch_study(conn, srv, batch_n, batches)
-        result = {'quick': args.quick, 'server': name, 'baseline': base, 'during': rows, 'batch_study': study,
-                  'targets': verdicts(base, rows, study)}
+        result = {
+            'quick': args.quick,
+            'server': name,
+            'baseline': base,
+            'during': rows,
+            'batch_study': study,
+            'targets': verdicts(base, rows, study),
+        }
         print()
         print(render(base, rows, study))
         print()

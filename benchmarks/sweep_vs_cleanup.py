@@ -79,7 +79,7 @@ def _row(outcome: Outcome, baseline: Outcome | None) -> dict[str, Any]:
 
 
 def _progress(row: dict[str, Any]) -> None:
-    print(f"  n={row['n']:>7,} {row['case']:<12} {row['seconds']:>9.3f}s  ok={row['ok']}", flush=True)
+    print(f'  n={row["n"]:>7,} {row["case"]:<12} {row["seconds"]:>9.3f}s  ok={row["ok"]}', flush=True)
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -88,21 +88,40 @@ def render(rows: list[dict[str, Any]]) -> str:
     body = []
     for r in rows:
         if r.get('skipped'):
-            body.append([r['n'], r['case'], f"not run (~{r['estimated_seconds']}s est.)", None, None, None, None, None, None])
+            body.append(
+                [r['n'], r['case'], f'not run (~{r["estimated_seconds"]}s est.)', None, None, None, None, None, None]
+            )
             continue
-        target = None if r['target_speedup'] is None else f"≥{r['target_speedup']:g}× {'met' if r['target_met'] else 'MISSED'}"
-        speedup = None if r['speedup'] is None else f"{r['speedup']:g}×"
+        target = (
+            None
+            if r['target_speedup'] is None
+            else f'≥{r["target_speedup"]:g}× {"met" if r["target_met"] else "MISSED"}'
+        )
+        speedup = None if r['speedup'] is None else f'{r["speedup"]:g}×'
         body.append(
-            [r['n'], r['case'], r['seconds'], r['members_per_second'], r['round_trips'], r['server_commands'],
-             speedup, target, 'yes' if r['ok'] else 'NO']
+            [
+                r['n'],
+                r['case'],
+                r['seconds'],
+                r['members_per_second'],
+                r['round_trips'],
+                r['server_commands'],
+                speedup,
+                target,
+                'yes' if r['ok'] else 'NO',
+            ]
         )
     return table(headers, body)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument('--sizes', type=lambda s: tuple(int(x) for x in s.split(',')), default=None,
-                   help='comma-separated sizes (default 1000,10000,100000; quick 200)')
+    p.add_argument(
+        '--sizes',
+        type=lambda s: tuple(int(x) for x in s.split(',')),
+        default=None,
+        help='comma-separated sizes (default 1000,10000,100000; quick 200)',
+    )
     p.add_argument('--cases', default=','.join(REQUEUE_CASES + DEAD_CASES), help='comma-separated cases')
     p.add_argument('--stock-limit', type=float, default=180.0, help='skip a stock case estimated to take longer (s)')
     args = p.parse_args(argv)

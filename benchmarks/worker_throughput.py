@@ -66,7 +66,9 @@ def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
     return max(ends) - min(starts) if starts and ends else 0.0
 
 
-def one_run(conn: redis.Redis, url: str, side: str, n: int, log_dir: Path, index: int, timeout: float) -> dict[str, Any]:
+def one_run(
+    conn: redis.Redis, url: str, side: str, n: int, log_dir: Path, index: int, timeout: float
+) -> dict[str, Any]:
     """Enqueue ``n`` no-op jobs and drain them with one burst worker of ``side``."""
     conn.flushall()
     jobs = enqueue_jobs(conn, QUEUE, n, on_failure=False)
@@ -120,9 +122,20 @@ def render(runs: list[dict[str, Any]], totals: dict[str, Any]) -> str:
         for i, r in enumerate(runs)
     ]
     for side in (STOCK, EPOCH):
-        body.append(['mean', side, None, None, totals[side]['jobs_per_second'], totals[side]['steady_jobs_per_second'], None])
-    body.append(['ratio', 'rq-epoch/stock', None, None, totals['ratio'], totals['steady_ratio'],
-                 f"target ≥{TARGET}: {'met' if totals['target_met'] else 'MISSED'}"])
+        body.append(
+            ['mean', side, None, None, totals[side]['jobs_per_second'], totals[side]['steady_jobs_per_second'], None]
+        )
+    body.append(
+        [
+            'ratio',
+            'rq-epoch/stock',
+            None,
+            None,
+            totals['ratio'],
+            totals['steady_ratio'],
+            f'target ≥{TARGET}: {"met" if totals["target_met"] else "MISSED"}',
+        ]
+    )
     return table(headers, body)
 
 
@@ -138,12 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for index, side in enumerate(order):
             runs.append(one_run(conn, srv.url, side, n, Path(tmp), index, args.timeout))
-            print(f"  run {index + 1}: {side:<8} {runs[-1]['jobs_per_second']:8.1f} jobs/s  ok={runs[-1]['ok']}", flush=True)
+            print(
+                f'  run {index + 1}: {side:<8} {runs[-1]["jobs_per_second"]:8.1f} jobs/s  ok={runs[-1]["ok"]}',
+                flush=True,
+            )
         totals = summary(runs)
         print()
         print(render(runs, totals))
-        write_results(NAME, {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': totals},
-                      args.out, conn)
+        write_results(
+            NAME, {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': totals}, args.out, conn
+        )
     return 0 if all(r['ok'] for r in runs) else 1
 
 

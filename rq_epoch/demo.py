@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -155,7 +156,7 @@ class Processes:
             proc.poll()
 
     def kill_all(self) -> int:
-        """SIGKILL every process of ours still alive, their children first; return how many."""
+        """SIGKILL every process of ours still alive (work-horses included); return how many."""
         killed = 0
         for pid in list(self.pids):
             self.children(pid)
@@ -753,7 +754,12 @@ class Demo:
         self.echo(f'[{time.monotonic() - self.started_at:5.1f}s] {text}')
 
     def note(self, text: str) -> None:
-        self.echo(f'        {text}')
+        for line in textwrap.wrap(text, width=100, initial_indent='        ', subsequent_indent='        '):
+            self.echo(line)
+
+    def paragraph(self, text: str) -> None:
+        for line in textwrap.wrap(text, width=100):
+            self.echo(line)
 
     def heading(self, text: str) -> None:
         self.echo('')
@@ -792,10 +798,12 @@ class Demo:
             )
         self.run_id = read_epoch(self.connection).run_id
         self.echo(f'server epoch (run_id of the server process): {self.run_id}')
-        self.echo(
-            'Each lease names the server process that granted it. When a lease expires, the sweep counts a '
-            'stall only\nif that process is still the one running; a lease that crossed a restart is requeued '
-            'uncounted.'
+        self.paragraph(
+            'Every lease a worker holds names the server process that granted it. When a lease expires, the '
+            'sweep counts a stall only if that process is still the one running; a lease that crossed a '
+            'restart is requeued uncounted. The same story is played twice: by rq-epoch workers, then by '
+            'stock RQ workers. The demo acts as supervisor (a worker that dies is replaced, as systemd '
+            f'would) and as cron (it sweeps every {SWEEP_EVERY} s, so each verdict shows as it happens).'
         )
 
     def _where(self) -> str:
@@ -815,10 +823,7 @@ class Demo:
         for kind in kinds:
             story = Story(self, kind)
             self.stories.append(story)
-            try:
-                story.play(restart)
-            finally:
-                story.stop_workers()
+            story.play(restart)
             self.print_ledger(story)
         if len(self.stories) == 2:
             self.print_side_by_side(*self.stories)
@@ -911,16 +916,21 @@ def _quiet_loggers(*names: str) -> Iterator[None]:
 
 @contextmanager
 def _interruptible() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt while the demo runs, so cleanup always happens."""
+    """Turn Ctrl-C, SIGTERM and SIGHUP into KeyboardInterrupt while the demo runs, so cleanup always happens.
 
-    def on_term(signum: int, frame: Any) -> None:
+    SIGINT is handled even when the demo was started with it ignored (as a shell does for
+    background commands).
+    """
+
+    def on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_demo(url: str | None = None, stock: bool = True, echo: Callable[[str], None] = click.echo) -> int:
@@ -946,11 +956,12 @@ def run_demo(url: str | None = None, stock: bool = True, echo: Callable[[str], N
                 _print_worker_logs(demo)
                 raise
     finally:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             killed = demo.close()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if interrupted:
             echo(f'interrupted: stopped {killed} process(es) and removed {demo.folder}')
 

@@ -84,6 +84,11 @@ class Job(RQJob):
         self.lease_epoch = _text(_field(raw_data, 'lease_epoch'))
         self.lease_execution = _text(_field(raw_data, 'lease_execution'))
         self.stalled = _int(_field(raw_data, 'stalled'), 0) or 0
+        status = _text(_field(raw_data, 'status'))
+        if _field(raw_data, 'stall_dead') is not None and status != 'failed':
+            # Dead-lettered, then requeued by hand (with any tool): the budget starts
+            # afresh, and the next grant resets the counter in the server too.
+            self.stalled = 0
         self.exempt_recoveries = _int(_field(raw_data, 'exempt_recoveries'), 0) or 0
         max_stalled = _int(_field(raw_data, 'max_stalled'), None)
         self._max_stalled = max_stalled if max_stalled is not None and max_stalled >= 1 else None

@@ -7,7 +7,7 @@ try:  # RQ 3.0 made the prefix configurable
 except ImportError:  # RQ 2.x: fixed prefix
     _RQ_PREFIX = 'rq'
 
-__all__ = ['PREFIX', 'failed_key', 'finishing_key', 'job_key', 'leases_key', 'stats_key', 'wip_key']
+__all__ = ['PREFIX', 'failed_key', 'finishing_key', 'job_key', 'leases_key', 'limbo_key', 'stats_key', 'wip_key']
 
 PREFIX: str = _RQ_PREFIX
 
@@ -25,6 +25,11 @@ def finishing_key() -> str:
 def stats_key(queue_name: str) -> str:
     """Hash of per-verdict counters of a queue, kept by the sweep."""
     return f'{PREFIX}:epoch:stats:{queue_name}'
+
+
+def limbo_key(queue_name: str) -> str:
+    """Hash of first sightings of jobs stuck in RQ's intermediate queue (job id -> server time)."""
+    return f'{PREFIX}:epoch:limbo:{queue_name}'
 
 
 def wip_key(queue_name: str) -> str:

@@ -176,6 +176,7 @@ class Sweeper:
         serializer: Any = None,
         failure_ttl: int = DEFAULT_FAILURE_TTL,
         claim_ttl: int = 300,
+        rescue_intermediate: bool = True,
         exception_handlers: Sequence[Callable[..., Any]] | None = None,
         death_penalty_class: type[BaseDeathPenalty] | None = None,
     ) -> None:
@@ -197,6 +198,8 @@ class Sweeper:
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl
+        #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
+        self.rescue_intermediate = rescue_intermediate
         self.exception_handlers = list(exception_handlers or [])
         if death_penalty_class is not None:
             self.death_penalty_class = death_penalty_class
@@ -245,19 +248,21 @@ class Sweeper:
                     self.log_verdict(verdict)
             if any(v.verdict == 'dead' for v in verdicts) and not dry_run:
                 self.before_finish(verdicts)
-            if not more:
+            if not more or (not dry_run and judged == 0):
                 break
             if dry_run:
                 offset += self.settings.batch_size
-            elif judged == 0:
-                break
-            else:
-                report.run_id = verdicts[0].run_id if verdicts else report.run_id
 
     def _call(self, name: str, dry_run: bool, offset: int) -> tuple[list[LeaseVerdict], bool]:
         result = scripts.sweep()(
             self.connection,
-            [keys.leases_key(name), keys.wip_key(name), keys.finishing_key(), keys.stats_key(name)],
+            [
+                keys.leases_key(name),
+                keys.wip_key(name),
+                keys.finishing_key(),
+                keys.stats_key(name),
+                keys.limbo_key(name),
+            ],
             [
                 keys.PREFIX,
                 name,
@@ -267,6 +272,7 @@ class Sweeper:
                 self.failure_ttl,
                 '1' if dry_run else '0',
                 offset,
+                self.settings.lease_ttl if self.rescue_intermediate else 0,
             ],
         )
         run_id = _text(result[0])

@@ -68,7 +68,9 @@ def test_bad_setting_stops_the_worker_at_start(conn, start_worker) -> None:
 
 @pytest.fixture
 def no_info_user(server, conn):
-    conn.acl_setuser('noinfo', enabled=True, passwords=['+secret'], keys=['*'], channels=['*'], commands=['+@all', '-info'])
+    conn.acl_setuser(
+        'noinfo', enabled=True, passwords=['+secret'], keys=['*'], channels=['*'], commands=['+@all', '-info']
+    )
     client = redis.Redis(host='127.0.0.1', port=server.port, username='noinfo', password='secret')
     try:
         yield client
@@ -100,7 +102,9 @@ def test_scripts_without_info_permission_refuse_to_write(conn, no_info_user) -> 
 
 
 def test_worker_without_info_permission_fails_at_start_naming_the_permission(conn, server, start_worker) -> None:
-    conn.acl_setuser('noinfo2', enabled=True, passwords=['+secret'], keys=['*'], channels=['*'], commands=['+@all', '-info'])
+    conn.acl_setuser(
+        'noinfo2', enabled=True, passwords=['+secret'], keys=['*'], channels=['*'], commands=['+@all', '-info']
+    )
     url = f'redis://noinfo2:secret@127.0.0.1:{server.port}/0'
     worker = start_worker('default', args=['--url', url])
     wait_for(lambda: worker.proc.poll() is not None, 30, what='worker exit')

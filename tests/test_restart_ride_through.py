@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import redis
-
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
+
 from rq_epoch import Job, Queue, Sweeper, keys
 from tests.conftest import wait_for
 

@@ -10,6 +10,7 @@ from rq.queue import Queue as StockQueue
 from rq.registry import FailedJobRegistry
 from rq.registry import StartedJobRegistry as StockStartedJobRegistry
 from rq.worker import Worker as StockWorker
+
 from rq_epoch import Job, Queue, Sweeper, keys
 from tests.conftest import wait_for
 from tests.leases import start_job

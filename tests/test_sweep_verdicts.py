@@ -6,9 +6,9 @@ import threading
 from collections import Counter
 
 import redis
-
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
+
 from rq_epoch import Job, Queue, Sweeper, keys, scripts
 from tests.leases import OTHER_EPOCH, current_run_id, expire, start_job
 

@@ -7,6 +7,7 @@
 -- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
 -- KEYS[3]  dead letters awaiting their Python side effects (<prefix>:epoch:finishing)
 -- KEYS[4]  per-queue verdict counters        (<prefix>:epoch:stats:<queue>)
+-- KEYS[5]  first sightings of jobs stuck in RQ's intermediate queue (<prefix>:epoch:limbo:<queue>)
 -- ARGV[1]  RQ key prefix ("rq"): job, execution and queue keys are derived from it
 -- ARGV[2]  queue name (used when a job has no origin)
 -- ARGV[3]  batch: at most this many entries are read from each sorted set
@@ -15,6 +16,8 @@
 -- ARGV[6]  failure TTL in seconds for jobs without their own failure_ttl
 -- ARGV[7]  "1" for a dry run: verdicts are computed, nothing is written
 -- ARGV[8]  offset into the expired entries (dry runs page with it; 0 otherwise)
+-- ARGV[9]  seconds a job may sit in RQ's intermediate queue, taken by a worker but never
+--          granted, before it is requeued uncounted (0: leave the intermediate queue alone)
 --
 -- Expired entries are read from two places: rq-epoch's leases (deadline <= TIME), and
 -- RQ's StartedJobRegistry entries with a finite expired score, which only stock workers
@@ -29,6 +32,12 @@
 --   recovered  stamp is this process, budget left -> stalled + 1, requeued at front
 --   dead       stamp is this process, budget gone -> stalled + 1, failed, awaiting finish
 --   deferred   uncounted, but the server is younger than the grace: left for later
+--
+-- A job in RQ's intermediate queue (<prefix>:queue:<queue>:intermediate) that is still
+-- "queued" and has no live lease was taken by a worker that died before starting it. It
+-- never ran, so it did not stall: once it has been seen there for ARGV[9] seconds it is
+-- requeued uncounted (verdict exempt; its member is the bare job id). Entries of jobs
+-- that are gone are ghosts; entries of jobs that already ended are dropped silently.
 --
 -- Returns {run_id, uptime, now, more, n, <n records of 7 fields>} where a record is
 -- {member, job_id, verdict, stalled, max_stalled, lease_epoch, origin}.
@@ -46,6 +55,7 @@ local grace = tonumber(ARGV[5])
 local default_failure_ttl = tonumber(ARGV[6])
 local dry = ARGV[7] == '1'
 local offset = tonumber(ARGV[8])
+local limbo_timeout = tonumber(ARGV[9]) or 0
 local now = server_now()
 
 local out = {}
@@ -179,6 +189,55 @@ local stock = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', offset,
 for _, member in ipairs(stock) do
   if not redis.call('ZSCORE', KEYS[1], member) then judge(member, true) end
 end
+
+-- Jobs taken from the queue by a worker that died before starting them.
+local function rescue_intermediate()
+  local queue_key = prefix .. ':queue:' .. default_queue
+  local intermediate = queue_key .. ':intermediate'
+  local ids = redis.call('LRANGE', intermediate, 0, batch - 1)
+  for _, job_id in ipairs(ids) do
+    local job_key = prefix .. ':job:' .. job_id
+    local kind = redis.call('TYPE', job_key)['ok']
+    if kind ~= 'hash' then
+      if not dry then
+        redis.call('LREM', intermediate, 0, job_id)
+        redis.call('HDEL', KEYS[5], job_id)
+      end
+      if kind == 'none' then record(job_id, job_id, 'ghost') else record(job_id, job_id, 'corrupt') end
+    else
+      local f = redis.call('HMGET', job_key, 'status', 'lease_execution', 'stalled', 'max_stalled', 'lease_epoch')
+      local status, execution = f[1], f[2]
+      local live = false
+      if execution then
+        local member = job_id .. ':' .. execution
+        live = redis.call('ZSCORE', KEYS[1], member) or redis.call('ZSCORE', KEYS[2], member)
+      end
+      if status == 'queued' and not live and not redis.call('LPOS', queue_key, job_id) then
+        local first = redis.call('HGET', KEYS[5], job_id)
+        if not first then
+          if not dry then redis.call('HSET', KEYS[5], job_id, tostring(now)) end
+        elseif now - tonumber(first) >= limbo_timeout then
+          if not dry then
+            redis.call('HDEL', KEYS[5], job_id)
+            requeue(job_key, job_id, default_queue)
+            redis.call('HINCRBY', job_key, 'exempt_recoveries', 1)
+          end
+          record(job_id, job_id, 'exempt', tonumber(f[3]) or 0, tonumber(f[4]) or default_max, f[5], default_queue)
+        end
+      elseif status == 'finished' or status == 'failed' or status == 'stopped' or status == 'canceled' then
+        if not dry then
+          redis.call('LREM', intermediate, 0, job_id)
+          redis.call('HDEL', KEYS[5], job_id)
+        end
+      elseif not dry then
+        redis.call('HDEL', KEYS[5], job_id)
+      end
+    end
+  end
+  if not dry and redis.call('HLEN', KEYS[5]) > 4 * batch then redis.call('DEL', KEYS[5]) end
+end
+
+if limbo_timeout > 0 and offset == 0 then rescue_intermediate() end
 
 local more = 0
 if #leases >= batch or #stock >= batch then more = 1 end

@@ -1,0 +1,31 @@
+"""Run every benchmark in turn, then print the summary table (``python -m benchmarks [--quick]``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from . import heartbeat, memory, report, sweep_latency, sweep_vs_cleanup, worker_throughput
+
+MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, heartbeat, memory)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Pass ``--quick`` / ``--server`` to each benchmark; results go to benchmarks/results/."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    passed = [a for a in args if a in ('--quick',)]
+    if '--server' in args:
+        i = args.index('--server')
+        passed += args[i : i + 2]
+    status = 0
+    start = time.perf_counter()
+    for module in MODULES:
+        print(f'\n=== {module.__name__}', flush=True)
+        status |= module.main(passed)
+    print(f'\nall benchmarks: {time.perf_counter() - start:.0f} s\n')
+    print(report.markdown())
+    return status
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""The results of the last run (``benchmarks/results/*.json``) as Markdown tables.
+
+python -m benchmarks.report [RESULTS_DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .common import EPOCH, RESULTS_DIR, STOCK
+
+CASE_LABELS = {
+    'stock-retry': 'stock cleanup, requeue (retry left)',
+    'exempt': 'rq-epoch sweep, exempt (requeue)',
+    'recovered': 'rq-epoch sweep, recovered (requeue)',
+    'stock-fail': 'stock cleanup, fail + side effects',
+    'dead': 'rq-epoch sweep, dead + side effects',
+}
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    lines = ['| ' + ' | '.join(headers) + ' |', '|' + '|'.join('---' for _ in headers) + '|']
+    lines += ['| ' + ' | '.join(_fmt(x) for x in row) + ' |' for row in rows]
+    return '\n'.join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return '–'
+    if isinstance(value, bool):
+        return 'yes' if value else '**no**'
+    if isinstance(value, float):
+        if value >= 100:
+            return f'{value:,.0f}'
+        return f'{value:.3g}' if value < 1 else f'{value:.2f}'
+    if isinstance(value, int):
+        return f'{value:,}'
+    return str(value)
+
+
+def _load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / f'{name}.json'
+    return json.loads(path.read_text(encoding='utf-8')) if path.exists() else None
+
+
+def _target(met: bool | None, text: str) -> str:
+    if met is None:
+        return '–'
+    return f'{text} met' if met else f'{text} **missed**'
+
+
+def sweep_section(doc: dict[str, Any]) -> str:
+    rows = []
+    for r in doc['rows']:
+        label = CASE_LABELS.get(r['case'], r['case'])
+        if r.get('skipped'):
+            rows.append([r['n'], label, f'not run (≈{r["estimated_seconds"]} s est.)', None, None, None, None, None])
+            continue
+        speedup = f'{r["speedup"]:g}×' if r.get('speedup') is not None else None
+        target = None if r.get('target_speedup') is None else _target(r['target_met'], f'≥{r["target_speedup"]:g}×')
+        rows.append(
+            [
+                r['n'],
+                label,
+                round(r['seconds'], 3),
+                r['members_per_second'],
+                r['round_trips'],
+                r['server_commands'],
+                speedup,
+                target,
+            ]
+        )
+    headers = [
+        'N',
+        'who cleans, verdict',
+        'seconds',
+        'members/s',
+        'round trips',
+        'server commands',
+        'speed-up',
+        'target',
+    ]
+    return '### 1. Sweep vs stock cleanup (same jobs, same server)\n\n' + md_table(headers, rows)
+
+
+def latency_section(doc: dict[str, Any]) -> str:
+    base = doc['baseline']
+    rows: list[list[Any]] = [['nothing (baseline)', None, base['p50_ms'], base['p99_ms'], base['max_ms'], None]]
+    targets = doc['targets']
+    for r in doc['during']:
+        t = targets.get(r['case'], {})
+        rows.append(
+            [
+                CASE_LABELS.get(r['case'], r['case']),
+                r['n'],
+                r['p50_ms'],
+                r['p99_ms'],
+                r['max_ms'],
+                r['server_blocks']['longest_ms'],
+            ]
+        )
+    headers = ['while', 'N', 'PING p50 ms', 'PING p99 ms', 'PING max ms', 'longest server block ms']
+    out = '### 2. What a cleanup does to other clients\n\n' + md_table(headers, rows)
+    batch_rows = [
+        [
+            r['batch'],
+            r['members_per_second'],
+            r['script_ms_mean'],
+            r['script_us_per_member'],
+            r['longest_block_ms'],
+            r['ping_p99_ms'],
+        ]
+        for r in doc['batch_study']
+    ]
+    batch_headers = ['batch', 'members/s', 'mean call ms', 'server µs/member', 'longest call ms', 'PING p99 ms']
+    n = doc['batch_study'][0]['n'] if doc['batch_study'] else 0
+    out += f'\n\nBatch size (sweep of {n:,} exempt leases at each size):\n\n' + md_table(batch_headers, batch_rows)
+    lines = []
+    for case in ('exempt', 'recovered', 'stock-retry'):
+        if case in targets:
+            t = targets[case]
+            lines.append(
+                f'- {CASE_LABELS[case]}: longest block {t["longest_block_ms"]} ms '
+                f'({_target(t["block_target_met"], "≤5 ms")}); PING p99 {t["p99_minus_baseline_ms"]:+} ms '
+                f'vs baseline ({_target(t["p99_target_met"], "≤+2 ms")})'
+            )
+    return out + '\n\n' + '\n'.join(lines)
+
+
+def throughput_section(doc: dict[str, Any]) -> str:
+    s = doc['summary']
+    n = doc['runs'][0]['n'] if doc['runs'] else 0
+    runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in (STOCK, EPOCH)}
+    rows = [
+        [f'`rq worker` ({side}, {runs[side]} runs)', s[side]['jobs_per_second'], s[side]['steady_jobs_per_second']]
+        for side in (STOCK, EPOCH)
+    ]
+    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio']])
+    headers = [f'{n:,} no-op jobs, fork per job', 'jobs/s (whole run)', 'jobs/s (first start to last end)']
+    return (
+        '### 3. Worker throughput and heartbeats\n\n'
+        + md_table(headers, rows)
+        + f'\n\nTarget ≥{s["target"]}×: {_target(s["target_met"], "").strip()}.'
+    )
+
+
+def heartbeat_section(doc: dict[str, Any]) -> str:
+    real, lat = doc['real_workers'], doc['latency']
+    rows = []
+    for side in (STOCK, EPOCH):
+        rows.append(
+            [
+                side,
+                real[side]['heartbeats'],
+                '/'.join(map(str, real[side]['round_trips_per_heartbeat'])),
+                '/'.join(map(str, real[side]['commands_per_heartbeat'])),
+                real[side]['script_exists_sent'],
+                lat[side]['p50_us'],
+                lat[side]['p99_us'],
+            ]
+        )
+    rows.append(['ratio', None, None, None, None, lat['ratio_p50'], None])
+    headers = [
+        'worker',
+        'heartbeats (1 s jobs)',
+        'round trips / heartbeat',
+        'commands / heartbeat',
+        'SCRIPT EXISTS',
+        f'p50 µs ({lat[STOCK]["heartbeats"]:,} beats)',
+        'p99 µs',
+    ]
+    idle = doc['idle_sweep']
+    targets = doc['targets']
+    return (
+        md_table(headers, rows) + f'\n\nNo extra round trip: {_target(targets["no_extra_round_trip"], "").strip()}; '
+        f'latency ≤1.2× stock: {_target(targets["latency_ratio_met"], "").strip()}. '
+        f"A worker's periodic sweep with nothing expired: {'/'.join(map(str, idle['round_trips']))} round trips, "
+        f'p50 {idle["p50_us"]} µs (once per sweep interval, not per heartbeat).'
+    )
+
+
+def memory_section(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            r['shape'],
+            r['n'],
+            f'{r["job_hash_bytes_before"]:.0f} ({r["job_hash_encoding"]})',
+            r['job_hash_bytes_added'],
+            r['lease_set_bytes'],
+            r['added_bytes_per_job'],
+            _target(r['target_met'], '≤256 B'),
+        ]
+        for r in doc['rows']
+    ]
+    headers = [
+        'job',
+        'running jobs',
+        'job hash bytes (encoding)',
+        '+ stamp fields',
+        '+ lease entry',
+        'added bytes / job',
+        'target',
+    ]
+    return '### 4. Server memory per running job\n\n' + md_table(headers, rows)
+
+
+def markdown(results: Path = RESULTS_DIR) -> str:
+    """Every section whose results exist, with the environment of the run."""
+    parts = []
+    env = None
+    loaders = (
+        ('sweep_vs_cleanup', sweep_section),
+        ('sweep_latency', latency_section),
+        ('worker_throughput', throughput_section),
+        ('heartbeat', heartbeat_section),
+        ('memory', memory_section),
+    )
+    for name, render in loaders:
+        doc = _load(results, name)
+        if doc is None:
+            continue
+        env = env or doc.get('environment')
+        parts.append(render(doc))
+    if env:
+        parts.insert(
+            0,
+            f'Run {env["date_utc"]} on {env.get("server", "?")}, {env["cpus"]} CPUs, Python {env["python"]}, '
+            f'RQ {env["rq"]}, rq-epoch {env["rq_epoch"]}, redis-py {env["redis_py"]}.',
+        )
+    return '\n\n'.join(parts) + '\n'
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    print(markdown(Path(args[0]) if args else RESULTS_DIR))
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Every benchmark runs in its quick mode and writes its JSON, so that none can rot.
+
+Nothing here looks at a time or a ratio: only that each benchmark runs, that the jobs end
+where they should (its exit code), and that its results have their shape. The fixture
+the sweep benchmarks build in bulk is checked against real workers killed mid-job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import fixture, report
+from tests.conftest import ROOT, SERVER_KINDS
+
+#: Module, and the keys its JSON must have.
+BENCHMARKS = {
+    'sweep_vs_cleanup': ('rows', 'sizes', 'server'),
+    'sweep_latency': ('baseline', 'during', 'batch_study', 'targets'),
+    'worker_throughput': ('runs', 'summary'),
+    'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
+    'memory': ('rows',),
+}
+
+
+def run_quick(module: str, out: Path, *extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith('RQ_EPOCH_')}
+    env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
+    proc = subprocess.run(
+        [sys.executable, '-m', f'benchmarks.{module}', '--quick', '--out', str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f'{module} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}'
+    return json.loads(out.read_text(encoding='utf-8'))
+
+
+@pytest.fixture(scope='module')
+def results_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the module's results, so the report test can reuse them."""
+    return tmp_path_factory.mktemp('bench-results')
+
+
+@pytest.mark.parametrize('module', list(BENCHMARKS))
+def test_benchmark_runs_in_quick_mode(module: str, results_dir: Path) -> None:
+    doc = run_quick(module, results_dir / f'{module}.json')
+    assert doc['benchmark'] == module
+    assert doc['quick'] is True
+    for key in BENCHMARKS[module]:
+        assert key in doc, f'{module} results lack {key!r}'
+    assert doc['environment']['server']
+
+
+@pytest.mark.parametrize('kind', [k for k in SERVER_KINDS if k != 'valkey'])
+def test_sweep_benchmark_runs_on_other_servers(kind: str, tmp_path: Path) -> None:
+    doc = run_quick('sweep_vs_cleanup', tmp_path / 'sweep.json', '--server', kind)
+    assert doc['server'].startswith(kind)
+    assert {row['case'] for row in doc['rows']} == {'stock-retry', 'exempt', 'recovered', 'stock-fail', 'dead'}
+    assert all(row['ok'] for row in doc['rows'])
+
+
+def test_report_renders_every_section(results_dir: Path) -> None:
+    for module in BENCHMARKS:
+        if not (results_dir / f'{module}.json').exists():  # this test was run alone
+            run_quick(module, results_dir / f'{module}.json')
+    text = report.markdown(results_dir)
+    for heading in (
+        '### 1. Sweep vs stock cleanup',
+        '### 2. What a cleanup does',
+        '### 3. Worker throughput',
+        '### 4. Server memory per running job',
+    ):
+        assert heading in text
+
+
+def test_bulk_fixture_matches_real_workers_killed_mid_job() -> None:
+    differences = fixture.validate('valkey', n_jobs=2)
+    assert differences == {'stock': [], 'rq-epoch': []}

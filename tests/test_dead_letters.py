@@ -1,0 +1,179 @@
+"""Dead letters that RQ users can work with, and a sweep that never loses a side effect."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from rq import Callback
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import Dependency, JobStatus
+from rq.queue import Queue as StockQueue
+from rq.registry import FailedJobRegistry, FinishedJobRegistry
+from rq.worker import Worker as StockWorker
+
+from rq_epoch import Job, Queue, Sweeper, keys
+from tests.conftest import ROOT, wait_for
+from tests.leases import start_job
+
+
+def run_pill_until_dead(conn, queue: Queue, pill: Job, start_worker, attempts: int = 6) -> list:
+    workers = []
+    for _ in range(attempts):
+        if pill.get_status(refresh=True) == JobStatus.FAILED:
+            break
+        worker = start_worker(queue.name)
+        workers.append(worker)
+        wait_for(
+            lambda w=worker: w.proc.poll() is not None or pill.get_status(refresh=True) == JobStatus.FAILED,
+            40,
+            what='the pill taking its worker down',
+        )
+    wait_for(lambda: pill.get_status(refresh=True) == JobStatus.FAILED, 30, what='pill dead-lettered')
+    wait_for(
+        lambda: conn.zscore(keys.finishing_key(), f'{queue.name}|{pill.id}') is None, 30, what='side effects run'
+    )
+    return workers
+
+
+def test_poison_pill_becomes_an_ordinary_failed_job(conn, server, start_worker, tmp_path: Path) -> None:
+    queue = Queue('dl', connection=conn)
+    log = tmp_path / 'log'
+    pill = queue.enqueue(
+        'tests.jobs.poison_pill', str(log), 'pill', max_stalled=2, on_failure=Callback('tests.jobs.on_failure_record')
+    )
+    dependent = queue.enqueue(
+        'tests.jobs.record', str(log), 'dependent', depends_on=Dependency(jobs=[pill], allow_failure=True)
+    )
+    workers = run_pill_until_dead(conn, queue, pill, start_worker)
+    pill = Job.fetch(pill.id, connection=conn)
+    assert pill.stalled == 2
+    assert log.read_text().count('start pill') == 2
+    assert pill.id in FailedJobRegistry('dl', connection=conn)
+    result = pill.latest_result()
+    assert result is not None and result.type == result.Type.FAILED
+    assert 'stalled 2 time(s) (max_stalled 2)' in (result.exc_string or '')
+    assert server.run_id() in (result.exc_string or '')
+    assert len(pill.results()) == 1
+    calls = conn.lrange(f'test:on_failure:{pill.id}', 0, -1)
+    assert len(calls) == 1 and calls[0].startswith(b'StalledJobError')
+    assert 0 < conn.ttl(pill.key)  # RQ's failure TTL applies
+    workers.append(start_worker('dl', burst=True))
+    wait_for(lambda: dependent.get_status(refresh=True) == JobStatus.FINISHED, 30, what='dependent ran')
+    for worker in workers:
+        worker.stop()
+    assert 'dependent' in log.read_text()
+
+    # rq requeue (the stock CLI) puts it back with a fresh budget
+    out = subprocess.run(
+        [sys.executable, '-m', 'rq.cli', 'requeue', '--url', server.url, '--queue', 'dl', pill.id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    pill = Job.fetch(pill.id, connection=conn)
+    assert pill.get_status() == JobStatus.QUEUED
+    assert pill.stalled == 0
+    assert queue.get_job_ids() == [pill.id]
+    worker = start_worker('dl')
+    wait_for(lambda: worker.proc.poll() is not None, 40, what='the pill taking its worker down again')
+    report = wait_for(
+        lambda: (r := Sweeper(conn, restart_grace=0).sweep(['dl'])).total and r, 20, what='the stall swept'
+    )
+    assert [(v.job_id, v.verdict, v.stalled) for v in report.verdicts] == [(pill.id, 'recovered', 1)]
+
+
+def test_sweeper_killed_before_side_effects_is_finished_by_the_next_sweep(conn, server) -> None:
+    queue = Queue('crash', connection=conn)
+    log_key = 'test:on_failure'
+    job, _ = start_job(conn, queue, max_stalled=1, on_failure=Callback('tests.jobs.on_failure_record'))
+    dependent = queue.enqueue('tests.jobs.add', 1, 1, depends_on=Dependency(jobs=[job], allow_failure=True))
+    proc = subprocess.run(
+        [sys.executable, '-m', 'tests.workers', server.url, 'crash'], cwd=ROOT, timeout=60, capture_output=True
+    )
+    assert proc.returncode == -9  # SIGKILLed at the hook
+    # the verdict is durable: failed, in the registry, awaiting its side effects
+    assert conn.hget(job.key, 'status') == b'failed'
+    assert job.id in FailedJobRegistry('crash', connection=conn)
+    assert conn.zscore(keys.finishing_key(), f'crash|{job.id}') is not None
+    assert conn.llen(f'{log_key}:{job.id}') == 0
+    assert dependent.get_status(refresh=True) == JobStatus.DEFERRED
+
+    report = Sweeper(conn, restart_grace=0).sweep(['crash'])
+    assert report.finished == [job.id]
+    assert conn.llen(f'{log_key}:{job.id}') == 1
+    assert dependent.get_status(refresh=True) == JobStatus.QUEUED
+    assert len(Job.fetch(job.id, connection=conn).results()) == 1
+    Sweeper(conn, restart_grace=0).sweep(['crash'])  # nothing left to finish
+    assert conn.llen(f'{log_key}:{job.id}') == 1
+    assert len(Job.fetch(job.id, connection=conn).results()) == 1
+    assert conn.zcard(keys.finishing_key()) == 0
+
+
+def test_job_stranded_in_intermediate_queue_is_requeued_uncounted(conn, start_worker, tmp_path: Path) -> None:
+    queue = Queue('limbo', connection=conn)
+    log = tmp_path / 'log'
+    job = queue.enqueue('tests.jobs.record', str(log), 'limbo', max_stalled=1)
+    dying = start_worker('limbo', worker_class='tests.workers.EpochWorkerDiesAfterDequeue')
+    wait_for(lambda: dying.proc.poll() is not None, 30, what='worker killed after taking the job')
+    assert conn.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]
+    assert conn.hget(job.key, 'status') == b'queued'
+    start_worker('limbo')  # sweeps on its own; after one lease length the job is requeued
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 40, what='job finished by another worker')
+    job = Job.fetch(job.id, connection=conn)
+    assert (job.stalled, job.exempt_recoveries) == (0, 1)
+    assert log.read_text().count('limbo') == 1
+    assert conn.llen(queue.intermediate_queue_key) == 0
+
+
+def test_stock_rq_fails_the_same_stranded_job(conn, start_worker, tmp_path: Path) -> None:
+    queue = StockQueue('stocklimbo', connection=conn)
+    job = queue.enqueue('tests.jobs.record', str(tmp_path / 'log'), 'limbo')
+    dying = start_worker('stocklimbo', worker_class='tests.workers.StockWorkerDiesAfterDequeue')
+    wait_for(lambda: dying.proc.poll() is not None, 30, what='stock worker killed after taking the job')
+    intermediate = IntermediateQueue(queue.key, connection=conn)
+    worker = StockWorker([queue], connection=conn)
+    intermediate.cleanup(worker, queue)  # first sighting
+    seconds, _ = conn.time()
+    conn.set(intermediate.get_first_seen_key(job.id), seconds - 120)  # as one of its sweeps would a minute on
+    intermediate.cleanup(worker, queue)
+    assert job.get_status(refresh=True) == JobStatus.FAILED
+
+
+def test_finished_job_with_a_leftover_lease_is_settled_and_keeps_its_result(conn, start_worker, tmp_path) -> None:
+    queue = Queue('left', connection=conn)
+    job = queue.enqueue('tests.jobs.add', 20, 22)
+    start_worker('left', burst=True)
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, what='job finished')
+    # the stock race (rq#1507/#2424): a lease entry left behind by a finished job
+    member = f'{job.id}:leftover'
+    seconds, _ = conn.time()
+    conn.zadd(keys.leases_key('left'), {member: seconds - 1})
+    conn.zadd(keys.wip_key('left'), {member: '+inf'})
+    report = Sweeper(conn, restart_grace=0).sweep(['left'])
+    assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job.id, 'settled')]
+    job = Job.fetch(job.id, connection=conn)
+    assert job.get_status() == JobStatus.FINISHED
+    assert job.return_value() == 42
+    assert job.id in FinishedJobRegistry('left', connection=conn)
+    assert job.id not in FailedJobRegistry('left', connection=conn)
+
+
+def test_each_verdict_is_one_log_line_and_the_report_serialises(conn, caplog) -> None:
+    import json
+
+    queue = Queue('logs', connection=conn)
+    job, _ = start_job(conn, queue)
+    with caplog.at_level(logging.INFO, logger='rq_epoch'):
+        report = Sweeper(conn, restart_grace=0, max_stalled=3).sweep(['logs'])
+    lines = [r.getMessage() for r in caplog.records if 'verdict' in r.getMessage()]
+    run_id = report.run_id
+    expected = f'sweep: job {job.id} queue logs verdict recovered stalled 1/3 lease_epoch {run_id} run_id {run_id}'
+    assert lines == [expected]
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data['queues']['logs']['recovered'] == 1
+    assert data['verdicts'][0]['job_id'] == job.id

@@ -1,0 +1,39 @@
+"""Worker classes for tests that need a worker to die at an exact point."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from rq.worker import Worker as StockWorker
+
+from rq_epoch import Sweeper, Worker
+
+
+class EpochWorkerDiesAfterDequeue(Worker):
+    """Takes a job from the queue, then is SIGKILLed before starting it."""
+
+    def prepare_execution(self, job: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StockWorkerDiesAfterDequeue(StockWorker):
+    """Stock RQ's worker, SIGKILLed at the same point."""
+
+    def prepare_execution(self, job: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SweeperDiesBeforeSideEffects(Sweeper):
+    """Is SIGKILLed after the sweep script returned a dead verdict, before the side effects."""
+
+    def before_finish(self, verdicts: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == '__main__':  # python -m tests.workers URL QUEUE: run the dying sweeper
+    import redis
+
+    SweeperDiesBeforeSideEffects(redis.Redis.from_url(sys.argv[1]), restart_grace=0).sweep([sys.argv[2]])
