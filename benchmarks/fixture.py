@@ -1,15 +1,17 @@
 """Running jobs in the state each side's worker leaves them, written in bulk.
 
 A benchmark of 100,000 expired leases can't wait for 100,000 workers to die, so this
-module enqueues real jobs (RQ's ``enqueue_many``) and then writes, in pipelines, exactly
-what each worker writes when it starts a job:
+module enqueues real jobs (RQ's ``enqueue_many``) and then makes, in pipelines, the calls
+each worker makes when it starts a job (``Execution.create`` in the worker, then
+``Job.prepare_for_execution`` in the work-horse), so the writes follow the installed RQ:
 
 * both: the job leaves its queue; the execution hash (with its TTL), the job's execution
-  registry, the worker's execution index; the job hash gets ``status=started``,
+  registry, the worker's execution index (RQ 3); the job hash gets ``status=started``,
   ``started_at``, ``last_heartbeat`` and ``worker_name`` and loses its TTL;
 * stock RQ: ``rq:wip:<queue>`` member ``<job>:<execution>`` scored with the deadline;
-* rq-epoch: the ``rq:wip`` member scored ``+inf``, the lease in ``rq:epoch:leases:<queue>``
-  scored with the deadline, and ``lease_epoch`` / ``lease_execution`` in the job hash.
+* rq-epoch (``rq_epoch.Job``'s registry): the ``rq:wip`` member scored ``+inf``, and the
+  grant script: the lease in ``rq:epoch:leases:<queue>`` and ``lease_epoch`` /
+  ``lease_execution`` in the job hash.
 
 An expired lease is the state at its deadline: the deadline is one second in the past
 and the execution hash is still there (the sweep deletes it, so this is its worst case).
@@ -25,19 +27,20 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import redis
 from rq import Callback, Queue, Retry
+from rq.executions import Execution
 from rq.job import Dependency
-from rq.utils import utcformat
+from rq.job import Job as RQJob
+from rq.utils import now as rq_now
 
-from rq_epoch import keys
+from rq_epoch import Job as EpochJob
+from rq_epoch import keys, scripts
 from rq_epoch.embedded import EmbeddedServer
 
 from .common import EPOCH, ROOT, STOCK
@@ -124,58 +127,48 @@ def start_jobs(
 ) -> list[str]:
     """Put every job of ``jobs`` in the started state ``side``'s worker leaves.
 
-    ``stamp`` (rq-epoch only) is the ``lease_epoch`` written; None writes the current
-    run_id, as the grant script does. Returns the lease members ``<job>:<execution>``.
+    The writes are RQ's own (``Execution.create``, ``Job.prepare_for_execution``, as the
+    worker and its work-horse call them), so they follow the installed RQ; for rq-epoch,
+    ``rq_epoch.Job``'s registry queues the real grant script. Then, for an expired lease,
+    the deadline is moved one second into the past, and ``stamp`` (rq-epoch only), when
+    given, replaces the ``lease_epoch`` the grant wrote. Returns the lease members.
     """
     if side not in (STOCK, EPOCH):
         raise ValueError(f'side must be {STOCK!r} or {EPOCH!r}')
-    epoch = stamp if stamp is not None else str(conn.info('server')['run_id'])
+    job_class: type[RQJob] = RQJob if side == STOCK else EpochJob
     ttl = STOCK_TTL if side == STOCK else EPOCH_TTL
-    queue = Queue(jobs.queue, connection=conn)
-    conn.delete(queue.key)  # every job was dequeued
+    if side == EPOCH:
+        scripts.load_all(conn)
+    conn.delete(Queue(jobs.queue, connection=conn).key)  # every job was dequeued
     members: list[str] = []
     for offset, chunk in enumerate(_chunks(jobs.job_ids)):
-        now = time.time()
-        deadline = (now if side == STOCK else server_time(conn)) + (-1.0 if expired else ttl)
+        started = [job for job in job_class.fetch_many(chunk, connection=conn) if job is not None]
         with conn.pipeline(transaction=False) as pipe:
-            for i, job_id in enumerate(chunk):
+            for i, job in enumerate(started):
                 worker = f'{worker_prefix}-{offset * CHUNK + i}'
-                members.append(_start_one(pipe, jobs.queue, job_id, worker, side, ttl, now, deadline, epoch))
+                execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker)
+                job.heartbeat(rq_now(), ttl, pipeline=pipe)
+                job.prepare_for_execution(worker, pipeline=pipe)
+                pipe.persist(job.key)
+                members.append(execution.composite_key)
             pipe.execute()
+    if expired or stamp is not None:
+        _age(conn, jobs.queue, members, side, stamp, expired)
     return members
 
 
-def _start_one(
-    pipe: Any, queue: str, job_id: str, worker: str, side: str, ttl: int, now: float, deadline: float, epoch: str
-) -> str:
-    execution_id = uuid.uuid4().hex
-    member = f'{job_id}:{execution_id}'
-    stamp = utcformat(_utc(now))
-    pipe.hset(
-        f'{keys.PREFIX}:execution:{member}',
-        mapping={'id': execution_id, 'job_id': job_id, 'created_at': now, 'last_heartbeat': now, 'worker_name': worker},
-    )
-    pipe.expire(f'{keys.PREFIX}:execution:{member}', ttl)
-    pipe.zadd(f'{keys.PREFIX}:executions:{job_id}', {execution_id: now + ttl + 60})
-    pipe.expire(f'{keys.PREFIX}:executions:{job_id}', ttl + 60)
-    pipe.sadd(f'{keys.PREFIX}:worker:{worker}:executions', member)
-    pipe.expire(f'{keys.PREFIX}:worker:{worker}:executions', ttl + 60)
-    started = {'last_heartbeat': stamp, 'status': 'started', 'started_at': stamp, 'worker_name': worker}
-    if side == STOCK:
-        pipe.zadd(keys.wip_key(queue), {member: deadline})
-    else:
-        pipe.zadd(keys.wip_key(queue), {member: '+inf'})
-        pipe.zadd(keys.leases_key(queue), {member: deadline})
-        started.update({'lease_epoch': epoch, 'lease_execution': execution_id})
-    pipe.hset(keys.job_key(job_id), mapping=started)
-    pipe.persist(keys.job_key(job_id))
-    return member
-
-
-def _utc(timestamp: float) -> Any:
-    from datetime import datetime
-
-    return datetime.fromtimestamp(timestamp, tz=UTC)
+def _age(conn: redis.Redis, queue: str, members: list[str], side: str, stamp: str | None, expired: bool) -> None:
+    """Move deadlines one second into the past; write another ``lease_epoch`` if asked."""
+    key = keys.wip_key(queue) if side == STOCK else keys.leases_key(queue)
+    deadline = (time.time() if side == STOCK else server_time(conn)) - 1.0
+    for chunk in _chunks(members):
+        with conn.pipeline(transaction=False) as pipe:
+            for member in chunk:
+                if expired:
+                    pipe.zadd(key, {member: deadline}, xx=True)
+                if stamp is not None and side == EPOCH:
+                    pipe.hset(keys.job_key(member.split(':', 1)[0]), 'lease_epoch', stamp)
+            pipe.execute()
 
 
 # -- validation against real workers --------------------------------------------------------
@@ -185,7 +178,9 @@ _RUN_ID = re.compile(r'\b[0-9a-f]{40}\b')
 _EXEC = re.compile(r'\b[0-9a-f]{32}\b')
 #: Worker registration (written by a live worker, read by neither cleanup) and the sweep's
 #: own per-queue bookkeeping (a worker's start-up sweep writes it, not the start of a job).
-_IGNORED = re.compile(r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*)$')
+_IGNORED = re.compile(
+    r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*|queue:.*:intermediate:first_seen:.*)$'
+)
 
 
 def _normal(text: str, workers: list[str]) -> str:
@@ -204,12 +199,21 @@ def _s(value: Any) -> str:
     return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
 
 
+def _worker_names(conn: redis.Redis, names: list[str]) -> set[str]:
+    found = {n.split(':')[2] for n in names if n.startswith('rq:worker:') and n.count(':') >= 2}
+    for name in names:
+        if name.startswith(('rq:job:', 'rq:execution:')) and _s(conn.type(name)) == 'hash':
+            worker = conn.hget(name, 'worker_name')
+            if worker:
+                found.add(_s(worker))
+    return found
+
+
 def layout(conn: redis.Redis) -> dict[str, Any]:
     """Every key, with ids replaced by placeholders: type, TTL or not, fields or members."""
     now = server_time(conn)
     names = [_s(k) for k in conn.scan_iter(count=1000)]
-    workers = sorted({n.split(':')[2] for n in names if n.startswith('rq:worker:') and n.count(':') >= 2}, key=len)
-    workers.reverse()
+    workers = sorted(_worker_names(conn, names), key=len, reverse=True)
     shown = ('status', 'worker_name', 'lease_epoch', 'lease_execution', 'job_id', 'id')
     found: dict[str, Any] = {}
     for name in names:

@@ -290,6 +290,15 @@ class Worker(RQWorker):
                 if attempt and not idempotent and self._outcome_landed(job):
                     self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
                     return
+                if not idempotent and not self._holds_lease(job):
+                    self.log.warning(
+                        'Worker %s: not recording the %s of job %s: its lease was taken by a sweep '
+                        '(the job was handed on while this worker could not heartbeat)',
+                        self.name,
+                        what,
+                        job.id,
+                    )
+                    return
                 write()
                 if attempt:
                     self.log.warning(
@@ -314,6 +323,14 @@ class Worker(RQWorker):
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_backoff())
+
+    def _holds_lease(self, job: Any) -> bool:
+        """Whether this execution's lease still exists (a sweep did not take it)."""
+        execution = self.execution
+        if execution is None or execution.job_id != job.id:
+            return True
+        registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
+        return self.connection.zscore(registry.leases_key, execution.composite_key) is not None
 
     def _outcome_landed(self, job: Any) -> bool:
         status = self.connection.hget(job.key, 'status')
