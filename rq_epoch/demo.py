@@ -553,6 +553,11 @@ class Story:
                 return False
         return True
 
+    def judged(self, tag: str) -> bool:
+        """True once the expired lease of ``tag`` got a verdict (rq-epoch) or RQ's cleanup handled it."""
+        job = self.jobs[tag]
+        return bool(job.verdicts) if self.epoch else bool(job.stock_events or job.ever_failed)
+
     def started(self, tag: str) -> bool:
         return self.jobs[tag].status == 'started' and bool(self.jobs[tag].worker)
 
@@ -587,7 +592,7 @@ class Story:
         if h1_slot is None:
             raise DemoError(f'{self.label} story: cannot find the worker running h1')
         self.kill_machine(h1_slot, 'its machine is lost in the middle of h1')
-        self.wait_until(lambda: self.settled('h1', 'h2'), 40, 'h1 and h2 ending')
+        self.wait_until(lambda: self.judged('h1') and self.settled('h2'), 40, "h1's lease being judged")
 
         d.act('Act 2: a poison pill (a job that kills the worker running it, like an out-of-memory kill)')
         self.enqueue('pill', 'kills the worker running it', PILL, (), healthy=False)
@@ -608,11 +613,11 @@ class Story:
         server = d.server
         assert server is not None
         d.act('Act 3: the server restarts while jobs run; one worker machine is lost during the outage')
-        self.enqueue('h3', 'ran through the restart', WORK, (8,))
-        self.enqueue('h4', 'worker lost in the outage (retry)', WORK, (6,), retry=1)
+        self.enqueue('h3', 'ran through the restart', WORK, (7,))
+        self.enqueue('h4', 'worker lost in the outage (retry)', WORK, (5,), retry=1)
         self.enqueue('h5', 'queued during the restart', WORK, (2,))
         self.enqueue('h6', 'queued during the restart', WORK, (2,))
-        self.say('enqueued h3 (8 s), h4 (6 s, retry=Retry(max=1)), h5 and h6 (2 s)')
+        self.say('enqueued h3 (7 s), h4 (5 s, retry=Retry(max=1)), h5 and h6 (2 s)')
         self.wait_until(lambda: self.started('h3') and self.started('h4'), 30, 'h3 and h4 starting')
         self.run_for(1.0)
         h4_slot = self.slot_of(self.jobs['h4'].worker)

@@ -128,6 +128,7 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
                 'RQ_EPOCH_LEASE_MARGIN': '2',
                 'RQ_EPOCH_SWEEP_INTERVAL': '1',
                 'RQ_EPOCH_RESTART_GRACE': '4',
+                'PYTHONUNBUFFERED': '1',
             }
         )
         environ.update(env or {})
