@@ -57,6 +57,8 @@ from typing import Any
 
 import redis
 import rq
+from redis.backoff import NoBackoff
+from redis.retry import Retry as Retry_
 from rq import Callback, Retry
 from rq.job import Dependency
 from rq.job import Job as RQJob
@@ -80,6 +82,8 @@ ON_FAILURE = 'benchmarks.chaos_jobs.on_failure'
 RESULT_TTL = 7 * 24 * 3600
 #: Reasons a superseded execution may have on the rq-epoch side.
 ALLOWED_REASONS = {'kill', 'freeze', 'poison pill'}
+#: Seconds a kill or freeze may wait past its planned time for a worker that is running a job.
+BUSY_WAIT = 10.0
 _SERVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError)
 
 
@@ -257,8 +261,13 @@ def make_plan(cfg: Config) -> Plan:
             )
         )
     pills = [
-        JobSpec(id=f'p{k:02d}', kind='pill', seconds=0.0, at=round(window * 0.5 * (k + 1) / (cfg.pills + 1), 3),
-                callback=True)
+        JobSpec(
+            id=f'p{k:02d}',
+            kind='pill',
+            seconds=0.0,
+            at=round(window * 0.5 * (k + 1) / (cfg.pills + 1), 3),
+            callback=True,
+        )
         for k in range(cfg.pills)
     ]
     # Each pill gets a dependent (allow_failure): the first healthy job enqueued after it
@@ -412,8 +421,13 @@ class Supervisor:
         log = self.folder / f'worker-{slot.index}-{slot.generation}.log'
         with open(log, 'wb') as fh:
             slot.proc = subprocess.Popen(
-                self.argv(), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                env=self.env, start_new_session=True,
+                self.argv(),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=self.env,
+                start_new_session=True,
             )
         self.managed.add(slot.proc.pid)
         slot.horses = {}
@@ -477,13 +491,15 @@ class Supervisor:
             except ChildProcessError:
                 pass
 
-    def pick(self, hint: int) -> Slot | None:
-        """The first busy, unfrozen worker from slot ``hint`` on; else the first live one."""
+    def pick(self, hint: int, busy: bool) -> Slot | None:
+        """The first busy, unfrozen worker from slot ``hint`` on; without ``busy``, else a live one."""
         n = len(self.slots)
         order = [self.slots[(hint + i) % n] for i in range(n)]
         for slot in order:
             if slot.alive and not slot.frozen and self.horses_of(slot):
                 return slot
+        if busy:
+            return None
         for slot in order:
             if slot.alive and not slot.frozen:
                 return slot
@@ -736,12 +752,14 @@ class SideRun:
         self.reaper = reaper
         folder.mkdir(parents=True, exist_ok=True)
         self.ledger = folder / 'ledger.log'
+        (folder / 'data').mkdir(exist_ok=True)  # EmbeddedServer expects the folder to exist
         self.server = EmbeddedServer(cfg.server, data_dir=folder / 'data', appendfsync='always')
         self.server_up = False
         self.recorder = Recorder(folder / 'events.jsonl', time.time())
         self.supervisor: Supervisor | None = None
         self.sweeper: subprocess.Popen[bytes] | None = None
         self.producer: Producer | None = None
+        self.t0 = time.time()
 
     # -- running ---------------------------------------------------------------------
 
@@ -756,6 +774,7 @@ class SideRun:
             self.supervisor.start_all()
             self.sweeper = self._start_sweeper()
             t0 = time.time()
+            self.t0 = t0
             self.recorder.t0 = t0
             self.producer = Producer(self.side, self.cfg, self.plan, self.server.url, self.ledger, t0)
             self.producer.start()
@@ -772,13 +791,29 @@ class SideRun:
         env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
         env.update(epoch_environment(self.cfg))
         argv = [
-            sys.executable, '-m', 'benchmarks.chaos', 'sweeper', '--url', self.server.url, '--side', self.side,
-            '--interval', str(self.cfg.sweep_interval), '--out', str(self.folder / 'sweeper.jsonl'),
-            '--limit', str(int(self.cfg.duration + self.cfg.freeze_seconds + 3 * self.cfg.drain_seconds(self.side) + 600)),
+            sys.executable,
+            '-m',
+            'benchmarks.chaos',
+            'sweeper',
+            '--url',
+            self.server.url,
+            '--side',
+            self.side,
+            '--interval',
+            str(self.cfg.sweep_interval),
+            '--out',
+            str(self.folder / 'sweeper.jsonl'),
+            '--limit',
+            str(int(self.cfg.duration + self.cfg.freeze_seconds + 3 * self.cfg.drain_seconds(self.side) + 600)),
         ]
         with open(self.folder / 'sweeper.log', 'wb') as fh:
             proc = subprocess.Popen(
-                argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=env,
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=env,
                 start_new_session=True,
             )
         assert self.supervisor is not None
@@ -816,15 +851,17 @@ class SideRun:
                 if not self.server_up:
                     return (time.time() + 0.5, 'fault', fault)  # never two outages at once
                 before = _run_id(self.server)
+                self.recorder.add('server-down', crash=fault.kind == 'crash', run_id=before, planned=fault.at)
                 if fault.kind == 'crash':
                     self.server.kill(signal.SIGKILL)
                 else:
-                    self.server.stop()
+                    shutdown(self.server)
                 self.server_up = False
-                self.recorder.add('server-down', crash=fault.kind == 'crash', run_id=before, planned=fault.at)
                 return (time.time() + fault.hold, 'server-up', fault)
-            slot = self.supervisor.pick(fault.slot)
+            slot = self.supervisor.pick(fault.slot, busy=time.time() < self.t0 + fault.at + BUSY_WAIT)
             if slot is None:
+                if time.time() < self.t0 + fault.at + BUSY_WAIT:
+                    return (time.time() + 0.2, 'fault', fault)  # wait a little for a busy worker
                 self.recorder.add('fault-skipped', fault=fault.kind, planned=fault.at)
                 return None
             if fault.kind == 'kill':
@@ -870,7 +907,9 @@ class SideRun:
                     return
                 # A dependent still deferred after its parent ended will never move.
                 dead_ends = all(
-                    statuses[i] == 'deferred' and parents[i] and statuses.get(parents[i] or '') in ('finished', 'failed')
+                    statuses[i] == 'deferred'
+                    and parents[i]
+                    and statuses.get(parents[i] or '') in ('finished', 'failed')
                     for i in open_jobs
                 )
                 if dead_ends:
@@ -904,6 +943,22 @@ class SideRun:
             self._stop_processes()
         finally:
             self.server.close()
+
+
+def shutdown(server: EmbeddedServer) -> None:
+    """Clean SHUTDOWN (the AOF is written), without the client's retries after the connection drops."""
+    client = server.client(socket_connect_timeout=1, socket_timeout=10, retry=Retry_(NoBackoff(), 0))
+    try:
+        client.shutdown(nosave=False)
+    except redis.exceptions.ConnectionError:
+        pass
+    finally:
+        client.close()
+    if server.process is not None:
+        try:
+            server.process.wait(15)
+        except subprocess.TimeoutExpired:
+            server.stop()
 
 
 def _run_id(server: EmbeddedServer) -> str:
@@ -1007,8 +1062,14 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         where = ','.join(
             name
             for name, members in (
-                ('queue', queued), ('intermediate', intermediate), ('started', wip), ('lease', leases),
-                ('deferred', deferred), ('scheduled', scheduled), ('failed', failed_reg), ('finished', finished_reg),
+                ('queue', queued),
+                ('intermediate', intermediate),
+                ('started', wip),
+                ('lease', leases),
+                ('deferred', deferred),
+                ('scheduled', scheduled),
+                ('failed', failed_reg),
+                ('finished', finished_reg),
             )
             if spec.id in members
         )
@@ -1028,8 +1089,14 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
             state = status
         elif not raw:
             state = 'lost'
-        elif (spec.id in queued or spec.id in intermediate or spec.id in wip or spec.id in leases
-              or spec.id in deferred or spec.id in scheduled):
+        elif (
+            spec.id in queued
+            or spec.id in intermediate
+            or spec.id in wip
+            or spec.id in leases
+            or spec.id in deferred
+            or spec.id in scheduled
+        ):
             state = 'stuck'
         else:
             state = 'lost'
@@ -1043,10 +1110,18 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
             job_attempts[-1].reason = explain(job_attempts[-1], None, spec.kind == 'pill', events)
         jobs.append(
             JobAudit(
-                id=spec.id, kind=spec.kind, status=status or '(gone)', state=state, attempts=job_attempts,
-                callbacks=callbacks.get(spec.id, 0), stalled=int(raw.get('stalled') or 0),
-                exempt=int(raw.get('exempt_recoveries') or 0), retries_spent=max(0, spent), results=results,
-                failure=failure, where=where,
+                id=spec.id,
+                kind=spec.kind,
+                status=status or '(gone)',
+                state=state,
+                attempts=job_attempts,
+                callbacks=callbacks.get(spec.id, 0),
+                stalled=int(raw.get('stalled') or 0),
+                exempt=int(raw.get('exempt_recoveries') or 0),
+                retries_spent=max(0, spent),
+                results=results,
+                failure=failure,
+                where=where,
             )
         )
     violations: list[str] = []
@@ -1113,8 +1188,20 @@ def job_history(
     out += [f'ledger: {line}' for line in ledger_lines.get(job_id, [])]
     try:
         raw = client.hgetall(keys.job_key(job_id))
-        fields = ('status', 'origin', 'stalled', 'exempt_recoveries', 'lease_epoch', 'lease_execution',
-                  'stall_epochs', 'retries_left', 'worker_name', 'started_at', 'ended_at', 'enqueued_at')
+        fields = (
+            'status',
+            'origin',
+            'stalled',
+            'exempt_recoveries',
+            'lease_epoch',
+            'lease_execution',
+            'stall_epochs',
+            'retries_left',
+            'worker_name',
+            'started_at',
+            'ended_at',
+            'enqueued_at',
+        )
         out.append('job hash: ' + ', '.join(f'{f}={_text(raw.get(f.encode()))}' for f in fields if f.encode() in raw))
     except _SERVER_ERRORS as exc:
         out.append(f'job hash: unreadable ({exc})')
@@ -1151,20 +1238,23 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
     for result in results:
         r = result.row()
         why = ', '.join(f'{v} {k}' for k, v in sorted(r['healthy_failed_why'].items(), key=lambda kv: -kv[1]))
-        failed = f"{r['healthy_failed']}" + (f' ({why})' if why else '')
+        failed = f'{r["healthy_failed"]}' + (f' ({why})' if why else '')
         if result.side == EPOCH:
             stalls = sorted(set(r['pill_stalls']))
-            pills = f"{r['pills_dead']}/{r['pills']} (after {'/'.join(map(str, stalls)) or '-'} counted stalls)"
+            pills = f'{r["pills_dead"]}/{r["pills"]} (after {"/".join(map(str, stalls)) or "-"} counted stalls)'
         else:
             runs = sorted(set(r['pill_executions']))
-            pills = f"{r['pills_dead']}/{r['pills']} (after {'/'.join(map(str, runs)) or '-'} executions; no stall count)"
+            pills = (
+                f'{r["pills_dead"]}/{r["pills"]} (after {"/".join(map(str, runs)) or "-"} executions; no stall count)'
+            )
         reasons = ', '.join(f'{k} {v}' for k, v in sorted(r['superseded_executions'].items(), key=lambda kv: -kv[1]))
-        executions = f"max {r['max_executions']}; {r['ran_more_than_once']} ran more than once"
+        executions = f'max {r["max_executions"]}; {r["ran_more_than_once"]} ran more than once'
         if reasons:
             executions += f' (runs cut short by: {reasons})'
         lines.append(
-            f"| {result.side} | {r['healthy_finished']}/{r['healthy']} | {failed} | {pills} | {r['lost']} | {r['stuck']} "
-            f"| {executions} | {r['retries_spent']} | {_seconds(r['wall_seconds'])} |"
+            f'| {result.side} | {r["healthy_finished"]}/{r["healthy"]} | {failed} | {pills} '
+            f'| {r["lost"]} | {r["stuck"]} '
+            f'| {executions} | {r["retries_spent"]} | {_seconds(r["wall_seconds"])} |'
         )
     lines += [
         '',
@@ -1175,14 +1265,14 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
     for result in results:
         r = result.row()
         faults = (
-            f"{r['restarts']} restarts ({r['restarts'] - r['restarts_crash']} SHUTDOWN, {r['restarts_crash']} "
-            f"kill -9), {r['kills']} kills, {r['freezes']} freezes"
+            f'{r["restarts"]} restarts ({r["restarts"] - r["restarts_crash"]} SHUTDOWN, {r["restarts_crash"]} '
+            f'kill -9), {r["kills"]} kills, {r["freezes"]} freezes'
         )
         stalls = str(r['counted_stalls_healthy']) if result.side == EPOCH else 'n/a'
         recoveries = str(r['uncounted_recoveries']) if result.side == EPOCH else 'n/a'
         lines.append(
-            f"| {result.side} | {faults} | {r['worker_exits_own']} | {stalls} | {recoveries} "
-            f"| {r['callbacks_run']} | {r['jobs_with_two_outcomes']} |"
+            f'| {result.side} | {faults} | {r["worker_exits_own"]} | {stalls} | {recoveries} '
+            f'| {r["callbacks_run"]} | {r["jobs_with_two_outcomes"]} |'
         )
     return '\n'.join(lines)
 
@@ -1193,7 +1283,8 @@ def describe(cfg: Config) -> str:
         f'J={cfg.jobs} healthy jobs ({cfg.min_seconds}-{cfg.max_seconds} s, {cfg.callbacks:.0%} with on_failure, '
         f'{cfg.dependents:.0%} dependents), P={cfg.pills} poison pills, {cfg.workers} workers, K={cfg.restarts} '
         f'restarts (down {cfg.down_min}-{cfg.down_max} s, alternately SHUTDOWN and kill -9, appendfsync always), '
-        f'W={cfg.kills} worker kills, F={cfg.freezes} freezes of {cfg.freeze_seconds:.0f} s, over {cfg.duration:.0f} s; '
+        f'W={cfg.kills} worker kills, F={cfg.freezes} freezes of {cfg.freeze_seconds:.0f} s, '
+        f'over {cfg.duration:.0f} s; '
         f'max_stalled {cfg.max_stalled}, Retry(max={cfg.retry_budget}) on every job, heartbeat {cfg.heartbeat} s, '
         f'leases {cfg.lease(EPOCH):.0f} s (rq-epoch) / {cfg.lease(STOCK):.0f} s (stock), sweeps every '
         f'{cfg.sweep_interval} s, restart grace {cfg.restart_grace} s; server {cfg.server}; seed {cfg.seed}; '
@@ -1244,12 +1335,20 @@ def to_json(results: Sequence[SideResult], cfg: Config) -> dict[str, Any]:
                 'histories': r.histories,
                 'notes': r.notes,
                 'healthy_failed': [
-                    {'id': j.id, 'failure': j.failure, 'executions': j.executions,
-                     'reasons': [a.reason for a in j.attempts if a.reason]}
-                    for j in r.jobs if j.kind == 'healthy' and j.state == 'failed'
+                    {
+                        'id': j.id,
+                        'failure': j.failure,
+                        'executions': j.executions,
+                        'reasons': [a.reason for a in j.attempts if a.reason],
+                    }
+                    for j in r.jobs
+                    if j.kind == 'healthy' and j.state == 'failed'
                 ],
-                'not_ended': [{'id': j.id, 'state': j.state, 'status': j.status, 'where': j.where}
-                              for j in r.jobs if j.state in ('lost', 'stuck')],
+                'not_ended': [
+                    {'id': j.id, 'state': j.state, 'status': j.status, 'where': j.where}
+                    for j in r.jobs
+                    if j.state in ('lost', 'stuck')
+                ],
                 'events': r.events,
             }
             for r in results
@@ -1264,7 +1363,9 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     p.add_argument('--jobs', type=int, default=d.jobs, help='healthy jobs (J)')
     p.add_argument('--pills', type=int, default=d.pills, help='poison pills (P)')
     p.add_argument('--workers', type=int, default=d.workers, help='worker processes')
-    p.add_argument('--restarts', type=int, default=d.restarts, help='server restarts (K), SHUTDOWN and kill -9 alternately')
+    p.add_argument(
+        '--restarts', type=int, default=d.restarts, help='server restarts (K), SHUTDOWN and kill -9 alternately'
+    )
     p.add_argument('--kills', type=int, default=d.kills, help='worker SIGKILLs (W)')
     p.add_argument('--freezes', type=int, default=d.freezes, help='worker freezes (F)')
     p.add_argument('--duration', type=float, default=d.duration, help='seconds over which jobs and faults are spread')
@@ -1278,7 +1379,9 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     p.add_argument('--min-seconds', type=float, default=d.min_seconds)
     p.add_argument('--max-seconds', type=float, default=d.max_seconds)
     p.add_argument('--callbacks', type=float, default=d.callbacks, help='share of healthy jobs with on_failure')
-    p.add_argument('--dependents', type=float, default=d.dependents, help='share of healthy jobs that depend on another')
+    p.add_argument(
+        '--dependents', type=float, default=d.dependents, help='share of healthy jobs that depend on another'
+    )
     p.add_argument('--down-min', type=float, default=d.down_min)
     p.add_argument('--down-max', type=float, default=d.down_max)
     p.add_argument('--freeze-for', type=float, default=None, help='seconds (default: longest lease + 2 sweeps + 3)')
@@ -1393,8 +1496,13 @@ def _sweep_once(client: redis.Redis, side: str, queue: str) -> list[dict[str, An
     if side == EPOCH:
         report = rq_epoch.Sweeper(client).sweep([queue])
         return [
-            {'job_id': v.job_id, 'verdict': v.verdict, 'stalled': v.stalled, 'lease_epoch': v.lease_epoch,
-             'run_id': v.run_id}
+            {
+                'job_id': v.job_id,
+                'verdict': v.verdict,
+                'stalled': v.stalled,
+                'lease_epoch': v.lease_epoch,
+                'run_id': v.run_id,
+            }
             for v in report.verdicts
             if v.verdict != 'deferred'
         ]

@@ -587,7 +587,7 @@ class Story:
         self.enqueue('h2', 'ran beside h1 (has a retry)', WORK, (4,), retry=1)
         self.say('enqueued h1 and h2, healthy jobs of 4 s; h2 has retry=Retry(max=1)')
         self.wait_until(lambda: self.started('h1'), 30, 'h1 starting')
-        self.run_for(1.0)
+        self.run_for(0.5)
         h1_slot = self.slot_of(self.jobs['h1'].worker)
         if h1_slot is None:
             raise DemoError(f'{self.label} story: cannot find the worker running h1')
@@ -614,10 +614,10 @@ class Story:
         assert server is not None
         d.act('Act 3: the server restarts while jobs run; one worker machine is lost during the outage')
         self.enqueue('h3', 'ran through the restart', WORK, (7,))
-        self.enqueue('h4', 'worker lost in the outage (retry)', WORK, (5,), retry=1)
+        self.enqueue('h4', 'worker lost in the outage (retry)', WORK, (4,), retry=1)
         self.enqueue('h5', 'queued during the restart', WORK, (2,))
         self.enqueue('h6', 'queued during the restart', WORK, (2,))
-        self.say('enqueued h3 (7 s), h4 (5 s, retry=Retry(max=1)), h5 and h6 (2 s)')
+        self.say('enqueued h3 (7 s), h4 (4 s, retry=Retry(max=1)), h5 and h6 (2 s)')
         self.wait_until(lambda: self.started('h3') and self.started('h4'), 30, 'h3 and h4 starting')
         self.run_for(1.0)
         h4_slot = self.slot_of(self.jobs['h4'].worker)

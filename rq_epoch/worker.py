@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,22 @@ class Worker(RQWorker):
             s.max_stalled,
             s.grace,
         )
+
+    def subscribe(self) -> None:
+        """Start RQ's pubsub thread with SIGALRM blocked in it.
+
+        The work-horse monitor waits in ``wait4`` and relies on SIGALRM to wake up for
+        each heartbeat. If the kernel hands that signal to the pubsub thread instead (it
+        may, for instance right after the process was stopped and continued), the main
+        thread sleeps on and no heartbeat is sent until the horse exits. With the signal
+        blocked in the thread, it always reaches the main thread.
+        """
+        blocked = {signal.SIGALRM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            super().subscribe()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
     # -- leases ----------------------------------------------------------------------
 

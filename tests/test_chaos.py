@@ -1,0 +1,104 @@
+"""The chaos run in CI: a small deterministic configuration that asserts rq-epoch's invariants.
+
+The run itself (``python -m benchmarks.chaos``) starts its own Valkey server with
+``appendfsync always``, real ``rq worker --worker-class rq_epoch.Worker`` processes and a
+cron-like sweeper process, and injects two server restarts (one SHUTDOWN, one ``kill -9``),
+one SIGKILL of a busy worker and its horse, one freeze (SIGSTOP longer than the lease, then
+SIGCONT) and one poison pill. It runs on Valkey only, once per RQ version: the restart and
+recovery paths it drives are covered on both servers by the other end-to-end tests, and
+the suite has to stay short on two cores. Only the rq-epoch side runs here: stock RQ's
+60 s lease extra would add minutes, and the invariants are rq-epoch's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks.chaos import Attempt, Config, JobAudit, check_invariants, explain, make_plan
+from tests.conftest import ROOT
+
+SMALL = [
+    '--jobs', '36', '--pills', '1', '--workers', '3', '--restarts', '2', '--kills', '1', '--freezes', '1',
+    '--duration', '24', '--seed', '7', '--max-stalled', '2', '--max-seconds', '1.5', '--sides', 'rq-epoch',
+    '--server', 'valkey',
+]  # fmt: skip
+
+
+def small_config() -> Config:
+    return Config(
+        jobs=36, pills=1, workers=3, restarts=2, kills=1, freezes=1, duration=24, seed=7, max_stalled=2,
+        max_seconds=1.5, sides=('rq-epoch',),
+    )  # fmt: skip
+
+
+def test_plan_is_drawn_from_the_seed_alone() -> None:
+    cfg = small_config()
+    plan = make_plan(cfg)
+    assert plan == make_plan(cfg)
+    assert plan != make_plan(replace(cfg, seed=8))
+    kinds = sorted(f.kind for f in plan.faults)
+    assert kinds == ['crash', 'freeze', 'kill', 'restart']
+    assert all(f.hold > cfg.lease('rq-epoch') for f in plan.faults if f.kind == 'freeze')
+    jobs = plan.by_id()
+    assert sum(1 for j in plan.jobs if j.kind == 'pill') == 1
+    assert any(j.parent == 'p00' for j in plan.jobs)  # the pill has an allow_failure dependent
+    for job in plan.jobs:
+        if job.parent:
+            assert jobs[job.parent].at <= job.at
+
+
+def test_the_audit_attributes_reruns_and_flags_violations() -> None:
+    events = [
+        {'kind': 'kill', 't': 100.0, 'pid': 7},
+        {'kind': 'freeze', 't': 200.0, 'pid': 8},
+        {'kind': 'server-down', 't': 300.0},
+        {'kind': 'server-up', 't': 302.0},
+    ]
+    assert explain(Attempt(1, 70, 7, 99.0), 104.0, False, events) == 'kill'
+    assert explain(Attempt(1, 80, 8, 199.0, 209.0), 205.0, False, events) == 'freeze'
+    assert explain(Attempt(1, 90, 9, 299.0), 310.0, False, events) == 'restart'
+    assert explain(Attempt(1, 90, 9, 400.0, 401.0), 410.0, False, events) == 'unexplained'
+    cfg = small_config()
+    one = [Attempt(1, 1, 2, 1.0)]
+    healthy_failed = JobAudit('h1', 'healthy', 'failed', 'failed', one, 0, 0, 0, 0, 1, 'x', 'failed')
+    rerun = JobAudit(
+        'h2', 'healthy', 'finished', 'finished', [Attempt(1, 1, 2, 1.0, reason='restart'), Attempt(2, 3, 4, 5.0)],
+        0, 1, 0, 0, 1, '', 'finished',
+    )  # fmt: skip
+    pill = JobAudit('p1', 'pill', 'failed', 'failed', [Attempt(1, 1, 2, 1.0)] * 2, 1, 1, 0, 0, 1, '', 'failed')
+    found = check_invariants([healthy_failed, rerun, pill], cfg)
+    assert any(v.startswith('h1: healthy job failed') for v in found)
+    assert any(v.startswith('h2: ran again') for v in found)
+    assert any(v.startswith('h2: 1 counted stall') for v in found)
+    assert any(v.startswith('p1: poison pill dead after 1 counted stalls') for v in found)
+
+
+def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
+    out = tmp_path / 'chaos.json'
+    argv = [sys.executable, '-m', 'benchmarks.chaos', *SMALL, '--json', str(out), '--workdir', str(tmp_path / 'w')]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the harness ends its workers, sweeper and server on SIGTERM
+        output, _ = proc.communicate(timeout=60)
+        raise AssertionError(f'the chaos run took more than 240 s:\n{output}') from None
+    print(output)
+    assert proc.returncode == 0, output
+    side = json.loads(out.read_text())['sides']['rq-epoch']
+    row = side['row']
+    assert side['violations'] == []
+    assert (row['restarts'], row['restarts_crash'], row['kills'], row['freezes']) == (2, 1, 1, 1)
+    hits = [e for e in side['events'] if e['kind'] in ('kill', 'freeze')]
+    assert all(e['horses'] for e in hits), hits  # both hit a worker that was running a job
+    assert (row['lost'], row['stuck'], row['healthy_failed']) == (0, 0, 0)
+    assert row['healthy_finished'] == row['healthy'] == 36
+    assert (row['pills_dead'], row['pill_stalls']) == (1, [2])
+    assert row['callbacks_run'] == 1  # the pill's on_failure, once; no healthy job failed
+    assert row['retries_spent'] == 0
+    assert set(row['superseded_executions']) <= {'kill', 'freeze'}
+    assert not list((tmp_path / 'w').glob('*/data')), 'the run removes its folders'
