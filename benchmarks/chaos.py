@@ -141,10 +141,14 @@ class Config:
         return max(self.lease(s) for s in self.sides) + 2 * self.sweep_interval + 3
 
     def drain_seconds(self, side: str) -> float:
-        """Bound on the wait, after the last fault, for every job to end."""
+        """Bound on the wait, after the last fault, for every job to end.
+
+        Long enough for a poison pill enqueued late to use its whole budget: each of its
+        ``max_stalled`` attempts costs one lease before a sweep sees it.
+        """
         if self.drain is not None:
             return self.drain
-        return self.lease(side) + 2 * self.sweep_interval + self.max_seconds + 30
+        return self.max_stalled * (self.lease(side) + 2 * self.sweep_interval) + self.max_seconds + 30
 
     def command(self) -> str:
         """The command line that reproduces this run."""
@@ -340,7 +344,7 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 def _signal(pid: int, sig: int, started: int | None = None) -> bool:
     """Send ``sig`` to ``pid`` if it is still the process that was seen (same start time)."""
     stat = _proc_stat(pid)
-    if stat is None or (started is not None and stat[1] != started):
+    if stat is None or stat[0] == 'Z' or (started is not None and stat[1] != started):
         return False
     try:
         os.kill(pid, sig)
@@ -1415,6 +1419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f'signal {signum}')
 
+    signal.signal(signal.SIGINT, interrupted)  # also when started with SIGINT ignored (a background job)
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGHUP, interrupted)
     print(describe(cfg), flush=True)

@@ -307,12 +307,21 @@ def main() -> None:
 
 
 @main.command()
-@click.option('--max-stalled', type=click.IntRange(min=1), help='Counted stalls a job may have (default 3).')
-@click.option('--batch-size', type=click.IntRange(1, 10_000), help='Leases judged per script call (default 100).')
+@click.option(
+    '--max-stalled',
+    type=click.IntRange(min=1),
+    help='Counted stalls a job without its own budget may have [default: RQ_EPOCH_MAX_STALLED, else 3].',
+)
+@click.option(
+    '--batch-size',
+    type=click.IntRange(1, 10_000),
+    help='Leases judged per script call [default: RQ_EPOCH_BATCH_SIZE, else 100].',
+)
 @click.option(
     '--grace',
     type=click.IntRange(min=0),
-    help='Restart grace: seconds after a server start before leases from an older server process are swept.',
+    help='Seconds after a server start before leases of an older server process are swept '
+    '[default: RQ_EPOCH_RESTART_GRACE, else heartbeat + lease margin].',
 )
 @click.option('--dry-run', is_flag=True, help='Compute and print the verdicts; write nothing.')
 @click.option('--json', 'as_json', is_flag=True, help='Print one JSON report.')
@@ -433,8 +442,10 @@ def format_verdict(v: LeaseVerdict) -> str:
 
 
 @main.command()
-@click.option('--max-stalled', type=click.IntRange(min=1), help='Stall budget of jobs without their own.')
-@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds.')
+@click.option(
+    '--max-stalled', type=click.IntRange(min=1), help='Stall budget of jobs without their own (as for sweep).'
+)
+@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
 @click.option('--json', 'as_json', is_flag=True, help='Print one JSON document.')
 @pass_cli_config
 def status(cli_config: CliConfig, max_stalled: int | None, grace: int | None, as_json: bool) -> None:

@@ -407,8 +407,8 @@ class Story:
     def on_status(self, job: DemoJob, status: str, worker: str) -> None:
         short = worker.rsplit('-', 1)[-1] if worker else '?'
         if status == 'started':
-            run = sum(1 for event, t, _pid in self.events() if event == 'start' and t == job.tag)
-            self.say(f'{job.tag} started on worker {short} (run {max(run, 1)})')
+            logged = sum(1 for event, t, _pid in self.events() if event == 'start' and t == job.tag)
+            self.say(f'{job.tag} started on worker {short} (run {max(logged, job.runs + 1)})')
         elif status == 'finished':
             self.say(f'{job.tag} finished')
         elif status == 'failed':
@@ -416,8 +416,6 @@ class Story:
             reason = self.failure_reason(job)
             job.failure = reason
             self.say(f'{job.tag} FAILED: {reason}')
-        elif status == 'queued' and job.status == 'started' and not self.epoch:
-            pass  # told by the cleanup
 
     def failure_reason(self, job: DemoJob) -> str:
         job_class = Job if self.epoch else RQJob
@@ -436,9 +434,10 @@ class Story:
 
     # -- sweeps
 
-    def sweep(self, force: bool = False) -> None:
+    def sweep(self) -> None:
+        """The cron of the story: rq-epoch's sweep, or RQ's own cleanup for stock workers."""
         now = time.monotonic()
-        if self.server_down or (not force and now - self.last_sweep < SWEEP_EVERY):
+        if self.server_down or now - self.last_sweep < SWEEP_EVERY:
             return
         self.last_sweep = now
         if self.epoch:
@@ -509,6 +508,7 @@ class Story:
                 job.stock_events.append('failed' + (' while running' if running else ''))
                 self.say(f"RQ's cleanup: {job.tag}: lease expired -> AbandonedJobError: failed{still}")
             elif after in ('queued', 'scheduled'):
+                job.status = after
                 job.stock_events.append('retry spent')
                 self.say(f"RQ's cleanup: {job.tag}: lease expired -> AbandonedJobError: retry spent, requeued{still}")
 
@@ -556,7 +556,11 @@ class Story:
     def judged(self, tag: str) -> bool:
         """True once the expired lease of ``tag`` got a verdict (rq-epoch) or RQ's cleanup handled it."""
         job = self.jobs[tag]
-        return bool(job.verdicts) if self.epoch else bool(job.stock_events or job.ever_failed)
+        if job.verdicts or job.stock_events or job.ever_failed:
+            return True
+        # A worker's own sweep (at its start) may have judged it before the demo's did.
+        stalled, exempt = self.demo.connection.hmget(keys.job_key(job.job_id), 'stalled', 'exempt_recoveries')
+        return self.epoch and (_text(stalled) not in ('', '0') or _text(exempt) not in ('', '0'))
 
     def started(self, tag: str) -> bool:
         return self.jobs[tag].status == 'started' and bool(self.jobs[tag].worker)
@@ -631,15 +635,21 @@ class Story:
         if h4_slot is not None and (h4_slot.proc.poll() is None or (h4_horse and d.processes.is_ours(h4_horse))):
             if h4_horse:
                 d.processes.adopt(h4_horse)
-            horses = [h4_horse] if h4_horse else []
-            h4_slot.killed_by_us = True
-            if h4_slot.proc.poll() is None:
+            worker_alive = h4_slot.proc.poll() is None
+            h4_slot.killed_by_us = worker_alive or h4_slot.killed_by_us
+            if worker_alive:
                 d.processes.kill(h4_slot.proc.pid)
-            for pid in horses:
-                d.processes.kill(pid)
+            if h4_horse:
+                d.processes.kill(h4_horse)
             with suppress(subprocess.TimeoutExpired):
                 h4_slot.proc.wait(5)
-            self.say(f'SIGKILL worker {h4_slot.name} and the work-horse running h4: its machine is lost too')
+            if worker_alive:
+                self.say(f'SIGKILL worker {h4_slot.name} and the work-horse running h4: its machine is lost too')
+            else:
+                self.say(
+                    f'SIGKILL the work-horse running h4 (its worker {h4_slot.name} had already quit): '
+                    'its machine is lost too'
+                )
         self.run_for(max(0.0, DOWNTIME - (time.monotonic() - down_at)))
         server.start()
         d.connection.connection_pool.disconnect()
@@ -711,9 +721,9 @@ class Story:
             notes = []
             counted = job.stalled
             if counted:
-                notes.append(f'{counted} counted stall{"s" if counted > 1 else ""}')
+                notes.append(f'{counted} counted stall{"s" if counted > 1 else ""}, rerun')
             if job.exempt:
-                notes.append(f'{job.exempt} exempt')
+                notes.append('exempt: rerun, not counted')
             if job.restamped:
                 notes.append('lease re-stamped')
             if job.final == 'failed' and ('dead' in job.verdicts or job.stalled >= MAX_STALLED):
@@ -778,6 +788,7 @@ class Demo:
             self.connection = redis.Redis.from_url(
                 self.given_url, socket_connect_timeout=5, socket_timeout=10, retry=RedisRetry(NoBackoff(), 0)
             )
+            read_epoch(self.connection)  # a clear error when INFO is refused
             info = self.connection.info('server')
             self.echo(f'rq-epoch demo against {self._where()} ({self._version(info)}); it will not be restarted')
         else:
@@ -806,9 +817,14 @@ class Demo:
         self.paragraph(
             'Every lease a worker holds names the server process that granted it. When a lease expires, the '
             'sweep counts a stall only if that process is still the one running; a lease that crossed a '
-            'restart is requeued uncounted. The same story is played twice: by rq-epoch workers, then by '
-            'stock RQ workers. The demo acts as supervisor (a worker that dies is replaced, as systemd '
-            f'would) and as cron (it sweeps every {SWEEP_EVERY} s, so each verdict shows as it happens).'
+            'restart is requeued uncounted. '
+            + (
+                'The same story is played twice: by rq-epoch workers, then by stock RQ workers. '
+                if self.play_stock
+                else ''
+            )
+            + 'The demo acts as supervisor (a worker that dies is replaced, as systemd would) and as cron '
+            f'(it sweeps every {SWEEP_EVERY} s, so each verdict shows as it happens).'
         )
 
     def _where(self) -> str:
@@ -863,9 +879,15 @@ class Demo:
         self.echo(f'  {"healthy jobs failed":<30} {epoch.healthy_failed:>10} {stock.healthy_failed:>10}')
         self.echo(f'  {"retries spent":<30} {epoch.retries_spent:>10} {stock.retries_spent:>10}')
         if pill_e and pill_s:
-            self.echo(f'  {"workers killed by the pill":<30} {pill_e.runs:>10} {pill_s.runs:>10}')
-            self.echo(f'  poison pill, rq-epoch: {epoch.outcome(pill_e)}')
-            self.echo(f'  poison pill, stock RQ: {stock.outcome(pill_s)} -- the same fate as h1, a healthy job')
+            self.echo(f'  {"workers the pill took down":<30} {pill_e.runs:>10} {pill_s.runs:>10}')
+            self.echo(
+                f'  poison pill, rq-epoch: {epoch.outcome(pill_e)}: StalledJobError once its stall budget '
+                f'(max_stalled={MAX_STALLED}) was spent under a live server'
+            )
+            self.echo(
+                f'  poison pill, stock RQ: {stock.outcome(pill_s)}: the same fate as h1, a healthy job '
+                'whose machine was lost'
+            )
 
     # -- cleanup
 
@@ -953,13 +975,15 @@ def run_demo(url: str | None = None, stock: bool = True, echo: Callable[[str], N
             except KeyboardInterrupt:
                 interrupted = True
                 return 130
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                raise DemoError(f'cannot reach the server: {exc}') from exc
-            except redis.exceptions.ResponseError as exc:
-                raise DemoError(f'the server refused a command: {exc}') from exc
             except DemoError:
                 _print_worker_logs(demo)
                 raise
+            except RqEpochError as exc:
+                raise DemoError(str(exc)) from exc
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                raise DemoError(f'cannot reach the server: {exc}') from exc
+            except redis.exceptions.RedisError as exc:
+                raise DemoError(f'the server refused a command: {exc}') from exc
     finally:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:

@@ -179,3 +179,34 @@ def test_demo_against_a_given_server_skips_the_restart_and_removes_its_keys(demo
         conn.close()
     assert leftovers == []
     assert_nothing_left(demo_tmp, mark)
+
+
+def test_demo_against_an_unreachable_or_epochless_server_is_exit_1(demo_tmp: Path) -> None:
+    from rq_epoch.embedded import free_port
+
+    mark = uuid.uuid4().hex
+    closed = subprocess.run(
+        [*demo_command(), '--url', f'redis://127.0.0.1:{free_port()}/0'],
+        capture_output=True,
+        text=True,
+        env=demo_env(demo_tmp, mark),
+        timeout=60,
+    )
+    assert closed.returncode == 1
+    assert closed.stderr.startswith('Error: cannot reach the server') and 'Traceback' not in closed.stderr
+
+    with EmbeddedServer('valkey') as server:
+        conn = server.client()
+        conn.execute_command('ACL', 'SETUSER', 'noinfo', 'on', '>pw', '~*', '&*', '+@all', '-info')
+        refused = subprocess.run(
+            [*demo_command(), '--url', f'redis://noinfo:pw@127.0.0.1:{server.port}/0'],
+            capture_output=True,
+            text=True,
+            env=demo_env(demo_tmp, mark),
+            timeout=60,
+        )
+        conn.close()
+    assert refused.returncode == 1
+    assert refused.stderr.startswith('Error: ') and 'Traceback' not in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
+    assert_nothing_left(demo_tmp, mark)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
+
 from rq_epoch import Job, Queue, Sweeper, keys
 from tests.conftest import wait_for
 
