@@ -618,10 +618,10 @@ class Story:
         assert server is not None
         d.act('Act 3: the server restarts while jobs run; one worker machine is lost during the outage')
         self.enqueue('h3', 'ran through the restart', WORK, (7,))
-        self.enqueue('h4', 'worker lost in the outage (retry)', WORK, (4,), retry=1)
+        self.enqueue('h4', 'worker lost in the outage (retry)', WORK, (3,), retry=1)
         self.enqueue('h5', 'queued during the restart', WORK, (2,))
         self.enqueue('h6', 'queued during the restart', WORK, (2,))
-        self.say('enqueued h3 (7 s), h4 (4 s, retry=Retry(max=1)), h5 and h6 (2 s)')
+        self.say('enqueued h3 (7 s), h4 (3 s, retry=Retry(max=1)), h5 and h6 (2 s)')
         self.wait_until(lambda: self.started('h3') and self.started('h4'), 30, 'h3 and h4 starting')
         self.run_for(1.0)
         h4_slot = self.slot_of(self.jobs['h4'].worker)
@@ -631,7 +631,7 @@ class Story:
         server.kill(signal.SIGTERM)
         down_at = time.monotonic()
         self.say(f'server stopped (SIGTERM, as a restart would): epoch {_short(old)} ends; data stays on disk (AOF)')
-        self.run_for(1.5)
+        self.run_for(1.0)
         if h4_slot is not None and (h4_slot.proc.poll() is None or (h4_horse and d.processes.is_ours(h4_horse))):
             if h4_horse:
                 d.processes.adopt(h4_horse)
@@ -913,6 +913,9 @@ class Demo:
         """Stop everything this run started and remove its folder; return how many processes were killed."""
         killed = self.processes.kill_all()
         if self.server is not None:
+            with suppress(Exception):
+                # SIGTERM: a clean shutdown without waiting on a client's reconnect attempts.
+                self.server.kill(signal.SIGTERM)
             with suppress(Exception):
                 self.server.close()
         elif self.given_url:

@@ -105,6 +105,7 @@ class SweepReport:
     """Everything one sweep did, for the worker's log, the CLI, or your own monitoring."""
 
     run_id: str = ''
+    #: Seconds the server process had been up when the last sweep script call ran.
     uptime: int = 0
     dry_run: bool = False
     queues: list[str] = field(default_factory=list)
@@ -198,6 +199,7 @@ class Sweeper:
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl
+        self._last_uptime = 0
         #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
         self.rescue_intermediate = rescue_intermediate
         self.exception_handlers = list(exception_handlers or [])
@@ -239,6 +241,7 @@ class Sweeper:
         # bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
             verdicts, more = self._call(name, dry_run, offset)
+            report.uptime = self._last_uptime
             report.verdicts.extend(verdicts)
             judged = sum(1 for v in verdicts if v.verdict != 'deferred')
             if progress is not None and verdicts:
@@ -276,6 +279,7 @@ class Sweeper:
             ],
         )
         run_id = _text(result[0])
+        self._last_uptime = int(result[1])
         more = int(result[3]) == 1
         count = int(result[4])
         rows = result[5:]

@@ -151,8 +151,7 @@ def test_supervisor_program_runs_an_epoch_worker(server: EmbeddedServer, conn: r
     assert program['stopsignal'] == 'TERM'
     assert int(program['numprocs']) >= 1 and '%(process_num)s' in program['process_name']
     env = dict(
-        (name, value.strip('"'))
-        for name, value in (item.split('=', 1) for item in program['environment'].split(','))
+        (name, value.strip('"')) for name, value in (item.split('=', 1) for item in program['environment'].split(','))
     )
     assert set(env) == {'RQ_REDIS_URL', 'RQ_EPOCH_MAX_STALLED'}
     command = program['command'].replace('%(host_node_name)s', 'examples').replace('%(process_num)s', '0')

@@ -134,7 +134,8 @@ def test_failure_during_outage_is_recorded_once_after_return(conn, server, start
 def test_worker_killed_during_outage_is_exempt_after_the_grace(conn, server, start_worker, tmp_path) -> None:
     queue = Queue('gone', connection=conn)
     log = tmp_path / 'log'
-    job = queue.enqueue('tests.jobs.sleep_and_record', str(log), 'g', 4, max_stalled=1)
+    release = tmp_path / 'release'
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'g', str(release), max_stalled=1)
     worker = start_worker('gone')
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')
     server.stop()
@@ -149,6 +150,7 @@ def test_worker_killed_during_outage_is_exempt_after_the_grace(conn, server, sta
     assert report.uptime >= 4  # not before the grace: the server process had been up for 4 s
     assert [(v.job_id, v.verdict, v.stalled) for v in report.verdicts] == [(job.id, 'exempt', 0)]
     assert Job.fetch(job.id, connection=conn).stalled == 0
+    release.touch()
     start_worker('gone', burst=True)
     wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 30, what='finished by another worker')
     assert executions(log, 'g') == (2, 1)
