@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
@@ -55,26 +56,26 @@ def _kill_running(conn, queue: str, job: Job, start_worker) -> None:
     wait_for(lambda: lease_expired(conn, queue), 20, what='lease expiry')
 
 
-def test_sigkilled_worker_is_a_counted_stall_recovered(conn, start_worker, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    'max_stalled, verdict, status',
+    [(2, 'recovered', JobStatus.QUEUED), (1, 'dead', JobStatus.FAILED)],
+    ids=['budget-left-recovered', 'budget-one-dead'],
+)
+def test_sigkilled_worker_is_a_counted_stall(
+    conn, start_worker, tmp_path: Path, max_stalled: int, verdict: str, status: JobStatus
+) -> None:
     queue = Queue('kill', connection=conn)
-    job = queue.enqueue('tests.jobs.sleep_and_record', str(tmp_path / 'log'), 'k', 60, max_stalled=2)
+    job = queue.enqueue('tests.jobs.sleep_and_record', str(tmp_path / 'log'), 'k', 60, max_stalled=max_stalled)
     _kill_running(conn, 'kill', job, start_worker)
     report = Sweeper(conn, restart_grace=0).sweep(['kill'])
-    assert [(v.verdict, v.stalled) for v in report.verdicts] == [('recovered', 1)]
+    assert [(v.verdict, v.stalled) for v in report.verdicts] == [(verdict, 1)]
     job = Job.fetch(job.id, connection=conn)
-    assert (job.get_status(), job.stalled) == (JobStatus.QUEUED, 1)
-    assert queue.get_job_ids() == [job.id]
-
-
-def test_sigkilled_worker_with_budget_one_is_dead(conn, start_worker, tmp_path: Path) -> None:
-    queue = Queue('kill1', connection=conn)
-    job = queue.enqueue('tests.jobs.sleep_and_record', str(tmp_path / 'log'), 'k', 60, max_stalled=1)
-    _kill_running(conn, 'kill1', job, start_worker)
-    report = Sweeper(conn, restart_grace=0).sweep(['kill1'])
-    assert [(v.verdict, v.stalled) for v in report.verdicts] == [('dead', 1)]
-    job = Job.fetch(job.id, connection=conn)
-    assert job.get_status() == JobStatus.FAILED
-    assert job.id in FailedJobRegistry('kill1', connection=conn)
+    assert (job.get_status(), job.stalled) == (status, 1)
+    if verdict == 'recovered':
+        assert queue.get_job_ids() == [job.id]
+    else:
+        assert job.id in FailedJobRegistry('kill', connection=conn)
+        assert queue.get_job_ids() == []
 
 
 def test_restart_while_worker_gone_is_exempt_and_finished_by_a_new_worker(
