@@ -232,11 +232,14 @@ def server_errors(cli_config: CliConfig) -> Iterator[None]:
         fail(f'{cli_config.describe()}: {exc}')
 
 
-class _SkipReported(logging.Filter):
-    """Drop the sweep's per-lease log lines: the command prints verdicts and dead letters itself."""
+class CliSweeper(Sweeper):
+    """The sweep as the command runs it: verdicts and dead letters are printed, not logged."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(('sweep: job %s queue', 'sweep: job %s dead-lettered'))
+    def log_verdict(self, verdict: LeaseVerdict) -> None:
+        pass
+
+    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+        pass
 
 
 @contextmanager
@@ -246,7 +249,6 @@ def cli_logging() -> Iterator[None]:
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter('%(levelname)s: %(message)s'))
-    handler.addFilter(_SkipReported())
     propagate = logger.propagate
     logger.addHandler(handler)
     logger.propagate = False
@@ -356,7 +358,7 @@ def sweep(
                     click.echo(json.dumps(SweepReport(dry_run=dry_run).to_dict() | {'total': 0}))
                 return
             raise click.UsageError('give the queues to sweep with --queue NAME (repeatable) or --all')
-        sweeper = Sweeper(
+        sweeper = CliSweeper(
             cli_config.connection,
             settings=settings,
             job_class=cli_config.job_class,
@@ -458,7 +460,7 @@ def status(cli_config: CliConfig, max_stalled: int | None, grace: int | None, as
         connection = cli_config.connection
         current = read_epoch(connection)
         names = cli_config.queue_names() or all_queue_names(connection)
-        sweeper = Sweeper(
+        sweeper = CliSweeper(
             connection, settings=settings, job_class=cli_config.job_class, serializer=cli_config.serializer
         )
         preview = sweeper.sweep(names, dry_run=True) if names else SweepReport(run_id=current.run_id)

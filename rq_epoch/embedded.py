@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = ['EmbeddedServer', 'ServerNotAvailable', 'find_server_binary']
 
@@ -134,7 +136,8 @@ class EmbeddedServer:
         """SHUTDOWN (data written to the AOF), and wait for the process to exit."""
         if self.process is None or self.process.poll() is not None:
             return
-        client = self.client(socket_connect_timeout=1, socket_timeout=5)
+        # No retries: SHUTDOWN closes the connection, and a retrying client would back off.
+        client = self.client(socket_connect_timeout=1, socket_timeout=5, retry=Retry(NoBackoff(), 0))
         try:
             client.shutdown(nosave=False)
         except redis.exceptions.ConnectionError:

@@ -157,7 +157,7 @@ class Sweeper:
     exactly one sweep script call, and each dead letter's side effects are claimed.
 
     Subclassing points: :meth:`failure_reason` (the text of a dead letter's failure),
-    :meth:`log_verdict`, and :meth:`before_finish` (called after a script returned, before
+    :meth:`log_verdict`, :meth:`log_dead_letter`, and :meth:`before_finish` (called after a script returned, before
     the side effects of its dead letters run; the tests use it to kill a sweeper there).
     """
 
@@ -384,8 +384,12 @@ class Sweeper:
         if not self._record_failure(job, member, reason):
             return False
         self._after_failure(job, reason)
-        logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
+        self.log_dead_letter(job, queue_name, reason)
         return True
+
+    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+        """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
+        logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
 
     def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
         try:
