@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from dataclasses import asdict
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,11 @@ class Worker(RQWorker):
         )
         kwargs['job_class'] = _epoch_job_class(kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
+        if heartbeat_interval is None and not os.environ.get('RQ_EPOCH_HEARTBEAT_INTERVAL', '').strip():
+            # Neither set: RQ's job_monitoring_interval (e.g. --job-monitoring-interval) rules.
+            self.epoch_settings = EpochSettings.resolve(
+                environ={}, **{**asdict(self.epoch_settings), 'heartbeat_interval': self.job_monitoring_interval}
+            )
         self.job_monitoring_interval = self.epoch_settings.heartbeat_interval
         for queue in self.queues:
             if not (isinstance(queue.job_class, type) and issubclass(queue.job_class, Job)):

@@ -112,3 +112,12 @@ def test_worker_without_info_permission_fails_at_start_naming_the_permission(con
     assert '+info' in worker.output()
     assert conn.keys('rq:worker:*') == []
     assert conn.keys('rq:epoch:*') == []
+
+
+def test_rq_monitoring_interval_is_the_heartbeat_unless_rq_epoch_sets_one(conn, monkeypatch) -> None:
+    monkeypatch.delenv('RQ_EPOCH_HEARTBEAT_INTERVAL', raising=False)
+    worker = Worker(['default'], connection=conn, job_monitoring_interval=7)
+    assert (worker.job_monitoring_interval, worker.epoch_settings.heartbeat_interval) == (7, 7)
+    monkeypatch.setenv('RQ_EPOCH_HEARTBEAT_INTERVAL', '2')
+    worker = Worker(['default'], connection=conn, job_monitoring_interval=7)
+    assert (worker.job_monitoring_interval, worker.epoch_settings.heartbeat_interval) == (2, 2)
