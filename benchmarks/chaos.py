@@ -999,20 +999,35 @@ def read_ledger(path: Path) -> tuple[dict[str, list[Attempt]], Counter[str], dic
 
 
 def explain(attempt: Attempt, following: float | None, pill: bool, events: list[dict[str, Any]]) -> str:
-    """Why an execution was followed by another one: the fault that hit it, if any."""
+    """Why an execution was followed by another one: the fault that hit it, if any.
+
+    A kill or freeze hit the execution when its work-horse was among the processes
+    signalled (else, when the horse was not seen, when its worker was signalled while the
+    execution ran); the earliest such fault is the reason.
+    """
     if pill:
         return 'poison pill'
     until = attempt.end + 2.0 if attempt.end is not None else (following if following is not None else float('inf'))
-    hit = [e for e in events if e.get('pid') == attempt.ppid and attempt.start - 0.05 <= e['t'] <= until]
-    if any(e['kind'] == 'kill' for e in hit):
-        return 'kill'
-    if any(e['kind'] == 'freeze' for e in hit):
-        return 'freeze'
+    faults = [e for e in events if e['kind'] in ('kill', 'freeze')]
+    hit = [e for e in faults if attempt.pid in e.get('horses', [])]
+    if not hit:
+        hit = [
+            e for e in faults
+            if e.get('pid') == attempt.ppid and not e.get('horses') and attempt.start - 0.05 <= e['t'] <= until
+        ]  # fmt: skip
+    if hit:
+        return str(min(hit, key=lambda e: e['t'])['kind'])
     outages = _outages(events)
     in_outage = any(down <= until and up + 5 >= attempt.start for down, up in outages)
-    own_exit = [e for e in hit if e['kind'] == 'worker-exit' and e['cause'] != 'harness kill']
+    own_exit = [
+        e for e in events
+        if e['kind'] == 'worker-exit' and e.get('pid') == attempt.ppid and e['cause'] != 'harness kill'
+        and attempt.start - 0.05 <= e['t'] <= until
+    ]  # fmt: skip
     if own_exit:
         return 'restart' if in_outage else 'worker exit'
+    if following is not None and following < (attempt.end if attempt.end is not None else following + 1):
+        return 'ran twice at once'
     if in_outage:
         return 'restart'
     return 'unexplained'
@@ -1055,6 +1070,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
     wip = {_text(x).split(':', 1)[0] for x in client.zrange(keys.wip_key(QUEUE), 0, -1)}
     leases = {_text(x).split(':', 1)[0] for x in client.zrange(keys.leases_key(QUEUE), 0, -1)}
     deferred = {_text(x) for x in client.zrange(f'{keys.PREFIX}:deferred:{QUEUE}', 0, -1)}
+    ready = {_text(x) for x in client.zrange(f'{keys.PREFIX}:ready:{QUEUE}', 0, -1)}  # RQ 3
     scheduled = {_text(x) for x in client.zrange(f'{keys.PREFIX}:scheduled:{QUEUE}', 0, -1)}
     failed_reg = {_text(x) for x in client.zrange(keys.failed_key(QUEUE), 0, -1)}
     finished_reg = {_text(x) for x in client.zrange(f'{keys.PREFIX}:finished:{QUEUE}', 0, -1)}
@@ -1071,6 +1087,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
                 ('started', wip),
                 ('lease', leases),
                 ('deferred', deferred),
+                ('ready', ready),
                 ('scheduled', scheduled),
                 ('failed', failed_reg),
                 ('finished', finished_reg),
@@ -1099,6 +1116,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
             or spec.id in wip
             or spec.id in leases
             or spec.id in deferred
+            or spec.id in ready
             or spec.id in scheduled
         ):
             state = 'stuck'
@@ -1148,6 +1166,9 @@ def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
             out.append(f'{job.id}: {job.state} (status {job.status}, in {job.where or "nothing"})')
         if job.kind == 'healthy' and job.state == 'failed':
             out.append(f'{job.id}: healthy job failed: {job.failure}')
+        elif job.kind == 'healthy' and job.retries_spent:
+            # A healthy job never raises: a spent retry is a failure the infrastructure caused.
+            out.append(f'{job.id}: healthy job failed {job.retries_spent} time(s) and was retried')
         if job.kind == 'pill':
             if job.state != 'failed' or 'failed' not in job.where.split(','):
                 out.append(f'{job.id}: poison pill not dead-lettered (status {job.status}, in {job.where})')

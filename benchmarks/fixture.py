@@ -13,8 +13,11 @@ each worker makes when it starts a job (``Execution.create`` in the worker, then
   grant script: the lease in ``rq:epoch:leases:<queue>`` and ``lease_epoch`` /
   ``lease_execution`` in the job hash.
 
-An expired lease is the state at its deadline: the deadline is one second in the past
-and the execution hash is still there (the sweep deletes it, so this is its worst case).
+An expired lease is the state the server holds when a sweep or a cleanup finds it: the
+deadline is one second in the past, and the execution hash, whose TTL the worker sets to
+the same lease length, has expired with it (deleted here, as the server would); the job's
+execution registry and the worker's execution index (TTL one minute longer) are still
+there.
 :func:`validate` checks this layout against real workers killed with SIGKILL
 (``python -m benchmarks.fixture``).
 """
@@ -158,7 +161,8 @@ def start_jobs(
 
 
 def _age(conn: redis.Redis, queue: str, members: list[str], side: str, stamp: str | None, expired: bool) -> None:
-    """Move deadlines one second into the past; write another ``lease_epoch`` if asked."""
+    """Move deadlines one second into the past (the execution hash expires with the lease);
+    write another ``lease_epoch`` if asked."""
     key = keys.wip_key(queue) if side == STOCK else keys.leases_key(queue)
     deadline = (time.time() if side == STOCK else server_time(conn)) - 1.0
     for chunk in _chunks(members):
@@ -166,6 +170,7 @@ def _age(conn: redis.Redis, queue: str, members: list[str], side: str, stamp: st
             for member in chunk:
                 if expired:
                     pipe.zadd(key, {member: deadline}, xx=True)
+                    pipe.delete(f'{keys.PREFIX}:execution:{member}')
                 if stamp is not None and side == EPOCH:
                     pipe.hset(keys.job_key(member.split(':', 1)[0]), 'lease_epoch', stamp)
             pipe.execute()

@@ -1,15 +1,16 @@
 """Question 3a: jobs per second through ``rq worker --burst``, stock vs ``rq_epoch.Worker``.
 
 The same N no-op jobs (``benchmarks.jobs.noop``) on the same queue, drained by one real
-``rq worker --burst`` process (a work-horse forked per job), stock then rq-epoch then
-rq-epoch then stock (so that drift on a shared machine falls on both sides alike). Both
+``rq worker --burst`` process (a work-horse forked per job), three runs per side in the
+order stock, rq-epoch, rq-epoch, stock, stock, rq-epoch (so that drift on a shared machine
+falls on both sides alike). Both
 run with their defaults. Two rates per run: over the worker process's whole life (start-up
 included), and from the first job's start to the last job's end (the steady rate).
 
 rq-epoch has no worker that runs jobs in-process (like RQ's ``SimpleWorker``), so only
 the forking workers are compared.
 
-    python -m benchmarks.worker_throughput          # 2,000 jobs per run, 4 runs
+    python -m benchmarks.worker_throughput          # 2,000 jobs per run, 6 runs
     python -m benchmarks.worker_throughput --quick  # 30 jobs, 2 runs
 """
 
@@ -34,7 +35,7 @@ from .fixture import enqueue_jobs
 NAME = 'worker_throughput'
 QUEUE = 'bench'
 TARGET = 0.95
-ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK)
+ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK, STOCK, EPOCH)
 ORDER_QUICK = (STOCK, EPOCH)
 
 

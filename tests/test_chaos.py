@@ -70,7 +70,9 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
         0, 1, 0, 0, 1, '', 'finished',
     )  # fmt: skip
     pill = JobAudit('p1', 'pill', 'failed', 'failed', [Attempt(1, 1, 2, 1.0)] * 2, 1, 1, 0, 0, 1, '', 'failed')
-    found = check_invariants([healthy_failed, rerun, pill], cfg)
+    retried = JobAudit('h3', 'healthy', 'finished', 'finished', one, 0, 0, 0, 1, 2, '', 'finished')
+    found = check_invariants([healthy_failed, rerun, pill, retried], cfg)
+    assert any(v.startswith('h3: healthy job failed 1 time(s) and was retried') for v in found)
     assert any(v.startswith('h1: healthy job failed') for v in found)
     assert any(v.startswith('h2: ran again') for v in found)
     assert any(v.startswith('h2: 1 counted stall') for v in found)
