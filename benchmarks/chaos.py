@@ -1026,7 +1026,7 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
     ]  # fmt: skip
     if own_exit:
         return 'restart' if in_outage else 'worker exit'
-    if following is not None and following < (attempt.end if attempt.end is not None else following + 1):
+    if following is not None and attempt.end is not None and following < attempt.end:
         return 'ran twice at once'
     if in_outage:
         return 'restart'

@@ -187,15 +187,24 @@ def longest_blocks(conn: redis.Redis, max_entries: int = 100_000) -> dict[str, A
 
     SLOWLOG times each command and script to the microsecond but leaves out EXEC (RQ's
     cleanup ends with one MULTI/EXEC); the latency monitor's ``command`` event includes
-    EXEC, to the millisecond. Both are reported; ``longest_ms`` is the larger.
+    EXEC, to the millisecond. Both are reported; ``longest_ms`` is the larger. Both are
+    wall-clock times: on a busy machine they include time the server was not scheduled.
+    The script calls (EVALSHA) are also summarised: count, p50, p99, max, and how many
+    took longer than 5 ms.
     """
     entries = conn.slowlog_get(max_entries)
     top: dict[str, float] = {}
+    scripts: list[float] = []
     for entry in entries:
         raw = entry['command']
         name = (raw.split(b' ', 1)[0] if isinstance(raw, bytes) else str(raw).split(' ', 1)[0]).upper()
         label = name.decode() if isinstance(name, bytes) else name
-        top[label] = max(top.get(label, 0.0), entry['duration'] / 1000.0)
+        if label in ('SLOWLOG', 'LATENCY', 'CONFIG'):  # the measuring itself
+            continue
+        duration = entry['duration'] / 1000.0
+        top[label] = max(top.get(label, 0.0), duration)
+        if label == 'EVALSHA':
+            scripts.append(duration)
     latest = conn.execute_command('LATENCY', 'LATEST')
     monitor_ms = 0
     for row in latest:
@@ -208,6 +217,11 @@ def longest_blocks(conn: redis.Redis, max_entries: int = 100_000) -> dict[str, A
         'slowlog_longest_by_command_ms': {k: round(v, 3) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:5]},
         'latency_monitor_command_max_ms': monitor_ms,
         'longest_ms': round(max(slowlog_ms, float(monitor_ms)), 3),
+        'scripts_logged': len(scripts),
+        'script_p50_ms': round(percentile(scripts, 50), 3),
+        'script_p99_ms': round(percentile(scripts, 99), 3),
+        'script_max_ms': round(max(scripts, default=0.0), 3),
+        'scripts_over_5ms': sum(1 for d in scripts if d > 5.0),
     }
 
 

@@ -90,10 +90,11 @@ def sweep_section(doc: dict[str, Any]) -> str:
 
 def latency_section(doc: dict[str, Any]) -> str:
     base = doc['baseline']
-    rows: list[list[Any]] = [['nothing (baseline)', None, base['p50_ms'], base['p99_ms'], base['max_ms'], None]]
+    rows: list[list[Any]] = [['nothing (baseline)', None, base['p50_ms'], base['p99_ms'], base['max_ms'], None, None]]
     targets = doc['targets']
     for r in doc['during']:
-        t = targets.get(r['case'], {})
+        blocks = r['server_blocks']
+        p99_calls = blocks.get('script_p99_ms') if blocks.get('scripts_logged') else None
         rows.append(
             [
                 CASE_LABELS.get(r['case'], r['case']),
@@ -101,10 +102,11 @@ def latency_section(doc: dict[str, Any]) -> str:
                 r['p50_ms'],
                 r['p99_ms'],
                 r['max_ms'],
-                r['server_blocks']['longest_ms'],
+                p99_calls,
+                blocks['longest_ms'],
             ]
         )
-    headers = ['while', 'N', 'PING p50 ms', 'PING p99 ms', 'PING max ms', 'longest server block ms']
+    headers = ['while', 'N', 'PING p50 ms', 'PING p99 ms', 'PING max ms', 'script call p99 ms', 'longest block ms']
     out = '### 2. What a cleanup does to other clients\n\n' + md_table(headers, rows)
     batch_rows = [
         [
@@ -112,12 +114,23 @@ def latency_section(doc: dict[str, Any]) -> str:
             r['members_per_second'],
             r['script_ms_mean'],
             r['script_us_per_member'],
+            r.get('script_p99_ms'),
             r['longest_block_ms'],
+            r.get('scripts_over_5ms'),
             r['ping_p99_ms'],
         ]
         for r in doc['batch_study']
     ]
-    batch_headers = ['batch', 'members/s', 'mean call ms', 'server µs/member', 'longest call ms', 'PING p99 ms']
+    batch_headers = [
+        'batch',
+        'members/s',
+        'mean call ms',
+        'server µs/member',
+        'p99 call ms',
+        'longest ms',
+        'calls > 5 ms',
+        'PING p99 ms',
+    ]
     n = doc['batch_study'][0]['n'] if doc['batch_study'] else 0
     out += f'\n\nBatch size (sweep of {n:,} exempt leases at each size):\n\n' + md_table(batch_headers, batch_rows)
     lines = []

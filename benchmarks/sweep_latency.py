@@ -23,7 +23,7 @@ from .scenarios import CASES, run_case
 
 NAME = 'sweep_latency'
 SIDES = ('stock-retry', 'exempt', 'recovered')
-BATCHES = (10, 25, 50, 100, 200, 400, 1000)
+BATCHES = (10, 20, 30, 50, 100, 200, 400, 1000)
 #: Targets from the issue.
 MAX_BLOCK_MS = 5.0
 P99_SLACK_MS = 2.0
@@ -73,6 +73,8 @@ def batch_study(conn: Any, srv: Any, n: int, batches: tuple[int, ...]) -> list[d
                 'script_ms_mean': outcome.extra.get('script_ms_mean'),
                 'script_us_per_member': outcome.extra.get('script_us_per_member'),
                 'longest_block_ms': seen['server_blocks']['longest_ms'],
+                'script_p99_ms': seen['server_blocks']['script_p99_ms'],
+                'scripts_over_5ms': seen['server_blocks']['scripts_over_5ms'],
                 'ping_p99_ms': seen['p99_ms'],
                 'ping_max_ms': seen['max_ms'],
                 'ok': outcome.ok,
@@ -134,7 +136,9 @@ def render(base: dict[str, Any], rows: list[dict[str, Any]], study: list[dict[st
         'calls',
         'mean call ms',
         'µs/member',
+        'p99 call ms',
         'longest ms',
+        'calls >5 ms',
         'PING p99 ms',
     ]
     batch_body = [
@@ -146,7 +150,9 @@ def render(base: dict[str, Any], rows: list[dict[str, Any]], study: list[dict[st
             r['script_calls'],
             r['script_ms_mean'],
             r['script_us_per_member'],
+            r['script_p99_ms'],
             r['longest_block_ms'],
+            r['scripts_over_5ms'],
             r['ping_p99_ms'],
         ]
         for r in study

@@ -62,6 +62,10 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     assert explain(Attempt(1, 80, 8, 199.0, 209.0), 205.0, False, events) == 'freeze'
     assert explain(Attempt(1, 90, 9, 299.0), 310.0, False, events) == 'restart'
     assert explain(Attempt(1, 90, 9, 400.0, 401.0), 410.0, False, events) == 'unexplained'
+    assert explain(Attempt(1, 90, 9, 400.0, 401.0), 400.5, False, events) == 'ran twice at once'
+    # The horse signalled decides, and the earliest fault wins: frozen at 500, its worker killed later.
+    later = events + [{'kind': 'freeze', 't': 500.0, 'pid': 5, 'horses': [50]}, {'kind': 'kill', 't': 560.0, 'pid': 5}]
+    assert explain(Attempt(1, 50, 5, 499.0, 566.0), 504.0, False, later) == 'freeze'
     cfg = small_config()
     one = [Attempt(1, 1, 2, 1.0)]
     healthy_failed = JobAudit('h1', 'healthy', 'failed', 'failed', one, 0, 0, 0, 0, 1, 'x', 'failed')
