@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import asdict
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
