@@ -57,8 +57,6 @@ from typing import Any
 
 import redis
 import rq
-from redis.backoff import NoBackoff
-from redis.retry import Retry as Retry_
 from rq import Callback, Retry
 from rq.job import Dependency
 from rq.job import Job as RQJob
@@ -228,6 +226,7 @@ class Plan:
     faults: tuple[FaultSpec, ...]
 
     def by_id(self) -> dict[str, JobSpec]:
+        """The planned jobs by id."""
         return {j.id: j for j in self.jobs}
 
 
@@ -357,22 +356,20 @@ class Recorder:
     """The run's event log (faults, worker exits, server restarts), with times."""
 
     def __init__(self, path: Path, t0: float) -> None:
+        """Append events to ``path``; ``t0`` is the start of the run (for relative times)."""
         self.path = path
         self.t0 = t0
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     def add(self, kind: str, **data: Any) -> dict[str, Any]:
+        """Record one event, with its time, in memory and in the events file."""
         event = {'t': round(time.time(), 3), 'rel': round(time.time() - self.t0, 2), 'kind': kind, **data}
         with self._lock:
             self.events.append(event)
             with open(self.path, 'a', encoding='utf-8') as fh:
                 fh.write(json.dumps(event) + '\n')
         return event
-
-    def of(self, *kinds: str) -> list[dict[str, Any]]:
-        with self._lock:
-            return [e for e in self.events if e['kind'] in kinds]
 
 
 @dataclass
@@ -389,6 +386,7 @@ class Slot:
 
     @property
     def alive(self) -> bool:
+        """Whether the slot has a worker process that has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
 
@@ -396,6 +394,7 @@ class Supervisor:
     """Keeps ``n`` real ``rq worker`` processes running; ends what exited workers leave."""
 
     def __init__(self, side: str, cfg: Config, url: str, folder: Path, recorder: Recorder, reaper: bool) -> None:
+        """Slots for ``cfg.workers`` workers of ``side`` against ``url``; logs go to ``folder``."""
         self.side = side
         self.cfg = cfg
         self.url = url
@@ -412,6 +411,7 @@ class Supervisor:
         self.env.update(epoch_environment(cfg))
 
     def argv(self) -> list[str]:
+        """The ``rq worker`` command line of this side."""
         argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', self.url]
         argv += ['--job-monitoring-interval', str(self.cfg.heartbeat)]
         if self.side == EPOCH:
@@ -421,6 +421,7 @@ class Supervisor:
         return argv + [QUEUE]
 
     def start(self, slot: Slot) -> None:
+        """Start a new worker process in ``slot`` (its log: ``worker-<slot>-<generation>.log``)."""
         slot.generation += 1
         log = self.folder / f'worker-{slot.index}-{slot.generation}.log'
         with open(log, 'wb') as fh:
@@ -440,6 +441,7 @@ class Supervisor:
         self.recorder.add('worker-start', slot=slot.index, pid=slot.proc.pid, log=log.name)
 
     def start_all(self) -> None:
+        """Start a worker in every slot."""
         for slot in self.slots:
             self.start(slot)
 
@@ -574,6 +576,7 @@ class Producer(threading.Thread):
     """Enqueues the planned jobs at their times, riding out server outages."""
 
     def __init__(self, side: str, cfg: Config, plan: Plan, url: str, ledger: Path, t0: float) -> None:
+        """A producer for ``side`` that enqueues ``plan`` on ``url``, timed from ``t0``."""
         super().__init__(name=f'producer-{side}', daemon=True)
         self.side = side
         self.cfg = cfg
@@ -586,6 +589,7 @@ class Producer(threading.Thread):
         self.errors: list[str] = []
 
     def run(self) -> None:
+        """Enqueue every planned job at its time (stops early when :attr:`stop` is set)."""
         client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=1)
         queue_class = rq_epoch.Queue if self.side == EPOCH else RQQueue
         queue = queue_class(QUEUE, connection=client)
@@ -601,6 +605,7 @@ class Producer(threading.Thread):
             client.close()
 
     def _enqueue(self, queue: Any, client: redis.Redis, spec: JobSpec) -> None:
+        """Enqueue one job; after a connection error, check whether it landed before trying again."""
         kwargs: dict[str, Any] = {
             'job_id': spec.id,
             'result_ttl': RESULT_TTL,
@@ -613,6 +618,7 @@ class Producer(threading.Thread):
             kwargs['on_failure'] = Callback(ON_FAILURE)
         if spec.parent:
             kwargs['depends_on'] = Dependency(jobs=[spec.parent], allow_failure=True)
+        args: tuple[Any, ...]
         if spec.kind == 'pill':
             func, args = PILL, (str(self.ledger), spec.id)
             if self.side == EPOCH:
@@ -667,6 +673,7 @@ class JobAudit:
 
     @property
     def executions(self) -> int:
+        """Number of executions (ledger start lines)."""
         return len(self.attempts)
 
 
@@ -691,7 +698,10 @@ class SideResult:
         superseded: Counter[str] = Counter(a.reason for j in healthy for a in j.attempts[:-1])
         multi = [j for j in healthy if j.executions > 1]
         failed_why: Counter[str] = Counter(
-            f'{failure_kind(j.failure)} after {j.attempts[-1].reason if j.attempts else "no execution"}' for j in failed
+            f'{failure_kind(j.failure)} after {j.attempts[-1].reason}'
+            if j.attempts
+            else f'{failure_kind(j.failure)}, never started'
+            for j in failed
         )
         dead = [p for p in pills if p.state == 'failed']
         events = Counter(e['kind'] for e in self.events)
@@ -742,6 +752,8 @@ def failure_kind(failure: str) -> str:
             return name
     if 'terminated unexpectedly' in failure or 'Work-horse' in failure:
         return 'work-horse died'
+    if 'intermediate queue' in failure:
+        return 'stuck in the intermediate queue'
     return failure[:40] or '(no reason)'
 
 
@@ -749,6 +761,7 @@ class SideRun:
     """One side of the chaos run: its server, workers, sweeper, producer and faults."""
 
     def __init__(self, side: str, cfg: Config, plan: Plan, folder: Path, reaper: bool) -> None:
+        """One side of ``plan``; its files (data, ledger, logs, events) go to ``folder``."""
         self.side = side
         self.cfg = cfg
         self.plan = plan
@@ -768,6 +781,7 @@ class SideRun:
     # -- running ---------------------------------------------------------------------
 
     def run(self) -> SideResult:
+        """Start everything, inject the faults, drain, stop the processes, audit; always clean up."""
         started = time.monotonic()
         try:
             self.server.start()
@@ -791,6 +805,7 @@ class SideRun:
             self.close()
 
     def _start_sweeper(self) -> subprocess.Popen[bytes]:
+        """Start the cron-like sweeper process of this side."""
         env = dict(os.environ)
         env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
         env.update(epoch_environment(self.cfg))
@@ -859,7 +874,7 @@ class SideRun:
                 if fault.kind == 'crash':
                     self.server.kill(signal.SIGKILL)
                 else:
-                    shutdown(self.server)
+                    self.server.stop()  # SHUTDOWN: the AOF is written
                 self.server_up = False
                 return (time.time() + fault.hold, 'server-up', fault)
             slot = self.supervisor.pick(fault.slot, busy=time.time() < self.t0 + fault.at + BUSY_WAIT)
@@ -929,6 +944,7 @@ class SideRun:
             client.close()
 
     def _stop_processes(self) -> None:
+        """Stop the producer, the sweeper and every worker (bounded waits)."""
         if self.producer is not None:
             self.producer.stop.set()
         if self.sweeper is not None and self.sweeper.poll() is None:
@@ -949,23 +965,8 @@ class SideRun:
             self.server.close()
 
 
-def shutdown(server: EmbeddedServer) -> None:
-    """Clean SHUTDOWN (the AOF is written), without the client's retries after the connection drops."""
-    client = server.client(socket_connect_timeout=1, socket_timeout=10, retry=Retry_(NoBackoff(), 0))
-    try:
-        client.shutdown(nosave=False)
-    except redis.exceptions.ConnectionError:
-        pass
-    finally:
-        client.close()
-    if server.process is not None:
-        try:
-            server.process.wait(15)
-        except subprocess.TimeoutExpired:
-            server.stop()
-
-
 def _run_id(server: EmbeddedServer) -> str:
+    """The server's run_id, or "" while it is unreachable."""
     try:
         return server.run_id()
     except _SERVER_ERRORS:
@@ -1034,6 +1035,7 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
 
 
 def _outages(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Server outages from the event log, as (down, up) times."""
     out: list[tuple[float, float]] = []
     down: float | None = None
     for e in events:
@@ -1048,6 +1050,7 @@ def _outages(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 
 def _text(value: Any) -> str:
+    """A Redis reply as text ("" for None)."""
     return value.decode('utf-8', 'replace') if isinstance(value, bytes) else ('' if value is None else str(value))
 
 
@@ -1062,6 +1065,7 @@ def audit(run: SideRun, wall: float) -> SideResult:
 
 
 def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str, wall: float) -> SideResult:
+    """Read the final state of every job and attribute its executions."""
     attempts, callbacks, ledger_lines = read_ledger(run.ledger)
     events = run.recorder.events
     queue = RQQueue(QUEUE, connection=client)
@@ -1249,7 +1253,13 @@ def job_history(
 # -- report ------------------------------------------------------------------------------
 
 
+def _n(count: int, noun: str) -> str:
+    """``1 kill``, ``2 kills``."""
+    return f'{count} {noun}' + ('' if count == 1 else 's')
+
+
 def _seconds(value: float) -> str:
+    """Seconds for the table: "12 s", "3.4 s"."""
     return f'{value:.0f} s' if value >= 10 else f'{value:.1f} s'
 
 
@@ -1269,9 +1279,8 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
             pills = f'{r["pills_dead"]}/{r["pills"]} (after {"/".join(map(str, stalls)) or "-"} counted stalls)'
         else:
             runs = sorted(set(r['pill_executions']))
-            pills = (
-                f'{r["pills_dead"]}/{r["pills"]} (after {"/".join(map(str, runs)) or "-"} executions; no stall count)'
-            )
+            noun = 'execution' if runs == [1] else 'executions'
+            pills = f'{r["pills_dead"]}/{r["pills"]} (after {"/".join(map(str, runs)) or "-"} {noun}; no stall count)'
         reasons = ', '.join(f'{k} {v}' for k, v in sorted(r['superseded_executions'].items(), key=lambda kv: -kv[1]))
         executions = f'max {r["max_executions"]}; {r["ran_more_than_once"]} ran more than once'
         if reasons:
@@ -1290,13 +1299,13 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
     for result in results:
         r = result.row()
         faults = (
-            f'{r["restarts"]} restarts ({r["restarts"] - r["restarts_crash"]} SHUTDOWN, {r["restarts_crash"]} '
-            f'kill -9), {r["kills"]} kills, {r["freezes"]} freezes'
+            f'{_n(r["restarts"], "restart")} ({r["restarts"] - r["restarts_crash"]} SHUTDOWN, '
+            f'{r["restarts_crash"]} kill -9), {_n(r["kills"], "kill")}, {_n(r["freezes"], "freeze")}'
         )
-        stalls = str(r['counted_stalls_healthy']) if result.side == EPOCH else 'n/a'
+        healthy_stalls = str(r['counted_stalls_healthy']) if result.side == EPOCH else 'n/a'
         recoveries = str(r['uncounted_recoveries']) if result.side == EPOCH else 'n/a'
         lines.append(
-            f'| {result.side} | {faults} | {r["worker_exits_own"]} | {stalls} | {recoveries} '
+            f'| {result.side} | {faults} | {r["worker_exits_own"]} | {healthy_stalls} | {recoveries} '
             f'| {r["callbacks_run"]} | {r["jobs_with_two_outcomes"]} |'
         )
     return '\n'.join(lines)
@@ -1304,13 +1313,14 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
 
 def describe(cfg: Config) -> str:
     """One paragraph with the resolved parameters."""
+    retry = f'Retry(max={cfg.retry_budget}) on every job' if cfg.retry_budget else 'no Retry'
     return (
         f'J={cfg.jobs} healthy jobs ({cfg.min_seconds}-{cfg.max_seconds} s, {cfg.callbacks:.0%} with on_failure, '
         f'{cfg.dependents:.0%} dependents), P={cfg.pills} poison pills, {cfg.workers} workers, K={cfg.restarts} '
         f'restarts (down {cfg.down_min}-{cfg.down_max} s, alternately SHUTDOWN and kill -9, appendfsync always), '
         f'W={cfg.kills} worker kills, F={cfg.freezes} freezes of {cfg.freeze_seconds:.0f} s, '
         f'over {cfg.duration:.0f} s; '
-        f'max_stalled {cfg.max_stalled}, Retry(max={cfg.retry_budget}) on every job, heartbeat {cfg.heartbeat} s, '
+        f'max_stalled {cfg.max_stalled}, {retry}, heartbeat {cfg.heartbeat} s, '
         f'leases {cfg.lease(EPOCH):.0f} s (rq-epoch) / {cfg.lease(STOCK):.0f} s (stock), sweeps every '
         f'{cfg.sweep_interval} s, restart grace {cfg.restart_grace} s; server {cfg.server}; seed {cfg.seed}; '
         f'RQ {rq.__version__}'
@@ -1438,6 +1448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reaper = _become_subreaper()
 
     def interrupted(signum: int, frame: Any) -> None:
+        """Turn SIGINT/SIGTERM/SIGHUP into KeyboardInterrupt, so the run cleans up."""
         raise KeyboardInterrupt(f'signal {signum}')
 
     signal.signal(signal.SIGINT, interrupted)  # also when started with SIGINT ignored (a background job)
@@ -1519,6 +1530,7 @@ def sweeper_main(argv: Sequence[str]) -> int:
 
 
 def _sweep_once(client: redis.Redis, side: str, queue: str) -> list[dict[str, Any]]:
+    """One sweep of ``queue``: rq-epoch's sweep or stock cleanup; the records to log."""
     if side == EPOCH:
         report = rq_epoch.Sweeper(client).sweep([queue])
         return [

@@ -243,7 +243,7 @@ def markdown(results: Path = RESULTS_DIR) -> str:
         parts.insert(
             0,
             f'Run {env["date_utc"]} on {env.get("server", "?")}, {env["cpus"]} CPUs, Python {env["python"]}, '
-            f'RQ {env["rq"]}, rq-epoch {env["rq_epoch"]}, redis-py {env["redis_py"]}.',
+            f'RQ {env["rq"]}, rq-epoch {env["rq_epoch"]} (commit {env.get("git", "?")}), redis-py {env["redis_py"]}.',
         )
     return '\n\n'.join(parts) + '\n'
 

@@ -317,7 +317,7 @@ def main() -> None:
 @click.option(
     '--batch-size',
     type=click.IntRange(1, 10_000),
-    help='Leases judged per script call [default: RQ_EPOCH_BATCH_SIZE, else 100].',
+    help='Leases judged per script call [default: RQ_EPOCH_BATCH_SIZE, else 30].',
 )
 @click.option(
     '--grace',

@@ -11,7 +11,7 @@ variable                       default  meaning
 ``RQ_EPOCH_SWEEP_INTERVAL``    30       seconds between a worker's own sweeps
 ``RQ_EPOCH_RESTART_GRACE``     (auto)   seconds after a server start before uncounted
                                         leases are swept; default heartbeat + margin
-``RQ_EPOCH_BATCH_SIZE``        100      leases judged per sweep script call
+``RQ_EPOCH_BATCH_SIZE``        30       leases judged per sweep script call
 =============================  =======  ==================================================
 """
 
@@ -61,7 +61,7 @@ class EpochSettings:
     lease_margin: int = 30
     sweep_interval: int = 30
     restart_grace: int | None = None
-    batch_size: int = 100
+    batch_size: int = 30
 
     @property
     def lease_ttl(self) -> int:

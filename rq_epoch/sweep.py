@@ -52,8 +52,10 @@ class ServerEpoch:
     role: str = ''
 
 
-def read_epoch(connection: Redis) -> ServerEpoch:
+def read_epoch(connection: Redis, *, with_role: bool = True) -> ServerEpoch:
     """Read the current epoch with INFO server, for start-up checks and status views.
+
+    ``with_role=False`` skips the extra INFO replication round trip (the sweep needs no role).
 
     Raises:
         EpochUnavailableError: INFO is refused (ACL) or has no valid run_id.
@@ -74,10 +76,11 @@ def read_epoch(connection: Redis) -> ServerEpoch:
             '40-character run_id of the server process (is a proxy hiding it?)'
         )
     role = ''
-    try:
-        role = str(connection.info('replication').get('role', ''))
-    except ResponseError:
-        pass
+    if with_role:
+        try:
+            role = str(connection.info('replication').get('role', ''))
+        except ResponseError:
+            pass
     return ServerEpoch(run_id=str(run_id), uptime=int(info.get('uptime_in_seconds', 0)), role=role)
 
 
@@ -224,7 +227,7 @@ class Sweeper:
         Raises:
             EpochUnavailableError: the server yields no valid run_id (nothing is written).
         """
-        current = read_epoch(self.connection)
+        current = read_epoch(self.connection, with_role=False)
         report = SweepReport(run_id=current.run_id, uptime=current.uptime, dry_run=dry_run)
         for name in queue_names:
             report.queues.append(name)
@@ -330,17 +333,18 @@ class Sweeper:
             )
             if not claimed:
                 break
-            for raw in claimed:
-                member = _text(raw)
-                if self.finish(member):
-                    done.append(member.split('|', 1)[1])
+            done.extend(self.finish_many([_text(raw) for raw in claimed]))
         if report is not None:
             report.finished.extend(done)
         return done
 
-    def failure_reason(self, job: Job, max_stalled: int) -> str:
-        """The text of a dead letter's failure, as ``exc_info`` and in its failure Result."""
-        epochs = self.connection.hget(job.key, 'stall_epochs')
+    def failure_reason(self, job: Job, max_stalled: int, epochs: Any = None) -> str:
+        """The text of a dead letter's failure, as ``exc_info`` and in its failure Result.
+
+        ``epochs`` is the job's ``stall_epochs`` field when the caller has read it already.
+        """
+        if epochs is None:
+            epochs = self.connection.hget(job.key, 'stall_epochs')
         epoch_list = _text(epochs).split(',') if epochs else [job.lease_epoch or '']
         unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
         return (
@@ -390,6 +394,86 @@ class Sweeper:
     def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
         """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
         logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
+
+    def finish_many(self, members: list[str]) -> list[str]:
+        """Side effects of claimed dead letters, a batch at a time; returns the job ids finished.
+
+        Two round trips read every job, its stall epochs and whether it has dependents;
+        callbacks and handlers run per job, dependents only for jobs that have some; one
+        transaction then writes every failure Result and removes the finishing entries,
+        so each Result exists exactly once. If another sweeper touches the finishing set
+        meanwhile, the batch falls back to :meth:`finish`-style writes, job by job.
+        """
+        finishing = keys.finishing_key()
+        ids = [m.split('|', 1)[1] for m in members]
+        jobs = self.job_class.fetch_many(ids, connection=self.connection, serializer=self.serializer)
+        with self.connection.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hget(keys.job_key(job_id), 'stall_epochs')
+                pipe.exists(f'{keys.PREFIX}:job:{job_id}:dependents')
+            extra = pipe.execute()
+        ready: list[tuple[str, Job, str]] = []
+        moot = []
+        for i, (member, job) in enumerate(zip(members, jobs, strict=True)):
+            if job is None or job.get_status(refresh=False) != JobStatus.FAILED:
+                moot.append(member)  # gone, or requeued by hand before we finished
+                continue
+            job = cast(Job, job)
+            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, extra[2 * i] or '')
+            self._side_effects(job, member.split('|', 1)[0], reason, bool(extra[2 * i + 1]))
+            ready.append((member, job, reason))
+        if moot:
+            self.connection.zrem(finishing, *moot)
+        recorded = self._record_failures(ready)
+        for member, job, reason in ready:
+            if member in recorded:
+                self._after_failure(job, reason)
+        return [job.id for member, job, _ in ready if member in recorded]
+
+    def _side_effects(self, job: Job, queue_name: str, reason: str, has_dependents: bool) -> None:
+        error = StalledJobError(reason)
+        self._run_failure_callback(job, error)
+        for handler in self.exception_handlers:
+            try:
+                if handler(job, StalledJobError, error, None) is False:
+                    break
+            except Exception:
+                logger.exception('sweep: exception handler for job %s raised', job.id)
+        if has_dependents:
+            queue = self.queue_class(queue_name, connection=self.connection, serializer=self.serializer)
+            try:
+                queue.enqueue_dependents(job)
+            except Exception:
+                logger.exception('sweep: could not enqueue dependents of job %s', job.id)
+
+    def _record_failures(self, ready: list[tuple[str, Job, str]]) -> set[str]:
+        """One transaction for the batch; job by job if the finishing set changed meanwhile."""
+        if not ready:
+            return set()
+        finishing = keys.finishing_key()
+        members = [member for member, _, _ in ready]
+        with self.connection.pipeline() as pipeline:
+            try:
+                pipeline.watch(finishing)
+                scores = pipeline.zmscore(finishing, members)
+                pipeline.multi()
+                kept = set()
+                for (member, job, reason), score in zip(ready, scores, strict=True):
+                    if score is None:
+                        continue
+                    kept.add(member)
+                    job.ended_at = now()
+                    job.set_status(JobStatus.FAILED, pipeline=pipeline)
+                    job._handle_failure(reason, pipeline)
+                    pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
+                    pipeline.zrem(finishing, member)
+                pipeline.execute()
+            except WatchError:
+                kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
+        for member, job, reason in ready:
+            if member in kept:
+                self.log_dead_letter(job, member.split('|', 1)[0], reason)
+        return kept
 
     def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
         try:

@@ -29,6 +29,7 @@ SMALL = [
 
 
 def small_config() -> Config:
+    """The configuration of :data:`SMALL`."""
     return Config(
         jobs=36, pills=1, workers=3, restarts=2, kills=1, freezes=1, duration=24, seed=7, max_stalled=2,
         max_seconds=1.5, sides=('rq-epoch',),
@@ -36,6 +37,7 @@ def small_config() -> Config:
 
 
 def test_plan_is_drawn_from_the_seed_alone() -> None:
+    """Same seed, same workload and schedule; the schedule has what the issue asks for."""
     cfg = small_config()
     plan = make_plan(cfg)
     assert plan == make_plan(cfg)
@@ -52,6 +54,7 @@ def test_plan_is_drawn_from_the_seed_alone() -> None:
 
 
 def test_the_audit_attributes_reruns_and_flags_violations() -> None:
+    """The audit names the fault behind each rerun, and each invariant can fail."""
     events = [
         {'kind': 'kill', 't': 100.0, 'pid': 7},
         {'kind': 'freeze', 't': 200.0, 'pid': 8},
@@ -84,6 +87,7 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
 
 
 def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
+    """Two restarts, a kill, a freeze and a poison pill: every invariant holds, nothing is left behind."""
     out = tmp_path / 'chaos.json'
     argv = [sys.executable, '-m', 'benchmarks.chaos', *SMALL, '--json', str(out), '--workdir', str(tmp_path / 'w')]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -60,6 +60,10 @@ local now = server_now()
 
 local out = {}
 local n = 0
+-- Verdicts of this call, added to the counters once at the end (one HINCRBY per verdict).
+local tally = {}
+-- Queues already registered in <prefix>:queues by this call.
+local registered = {}
 
 local function record(member, job_id, verdict, stalled, max_stalled, epoch, origin)
   n = n + 1
@@ -67,7 +71,7 @@ local function record(member, job_id, verdict, stalled, max_stalled, epoch, orig
                epoch or '', origin or ''}
   for i = 1, 7 do out[#out + 1] = row[i] end
   if not dry and verdict ~= 'deferred' then
-    redis.call('HINCRBY', KEYS[4], verdict, 1)
+    tally[verdict] = (tally[verdict] or 0) + 1
   end
 end
 
@@ -86,18 +90,22 @@ local function drop(member, job_id, exec_id)
   end
 end
 
-local function requeue(job_key, job_id, origin)
+-- ... is the job's other fields to write in the same HSET.
+local function requeue(job_key, job_id, origin, ...)
   local queue_key = prefix .. ':queue:' .. origin
-  redis.call('HSET', job_key, 'status', 'queued', 'started_at', '')
+  redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
   redis.call('LREM', queue_key .. ':intermediate', 0, job_id)
   redis.call('LPUSH', queue_key, job_id)
-  redis.call('SADD', prefix .. ':queues', queue_key)
+  if not registered[queue_key] then
+    redis.call('SADD', prefix .. ':queues', queue_key)
+    registered[queue_key] = true
+  end
 end
 
-local function bury(job_key, job_id, origin, failure_ttl)
+local function bury(job_key, job_id, origin, failure_ttl, stalled, epochs)
   local ttl = tonumber(failure_ttl)
   if ttl == nil or ttl <= 0 then ttl = default_failure_ttl end
-  redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1')
+  redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1', 'stalled', stalled, 'stall_epochs', epochs)
   redis.call('LREM', prefix .. ':queue:' .. origin .. ':intermediate', 0, job_id)
   redis.call('ZADD', prefix .. ':failed:' .. origin, now + ttl, job_id)
   redis.call('ZADD', KEYS[3], 0, origin .. '|' .. job_id)
@@ -110,18 +118,17 @@ local function judge(member, stock)
     return record(member, nil, 'corrupt')
   end
   local job_key = prefix .. ':job:' .. job_id
-  local kind = redis.call('TYPE', job_key)['ok']
-  if kind == 'none' then
-    if not dry then drop(member, job_id, exec_id) end
-    return record(member, job_id, 'ghost')
-  end
-  if kind ~= 'hash' then
+  -- One read for the common case; the key's type is only asked when the read fails.
+  local f = redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled',
+                        'origin', 'lease_execution', 'failure_ttl', 'exempt_recoveries', 'stall_epochs')
+  if f.err then
     if not dry then drop(member, nil, nil) end
     return record(member, job_id, 'corrupt')
   end
-
-  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled',
-                       'origin', 'lease_execution', 'failure_ttl')
+  if not f[1] and redis.call('EXISTS', job_key) == 0 then
+    if not dry then drop(member, job_id, exec_id) end
+    return record(member, job_id, 'ghost')
+  end
   local status, epoch, lease_execution = f[1], f[2], f[6]
   local stalled = tonumber(f[3]) or 0
   local max_stalled = tonumber(f[4])
@@ -153,30 +160,24 @@ local function judge(member, stock)
     end
     if not dry then
       drop(member, job_id, exec_id)
-      requeue(job_key, job_id, origin)
-      redis.call('HINCRBY', job_key, 'exempt_recoveries', 1)
+      requeue(job_key, job_id, origin, 'exempt_recoveries', (tonumber(f[8]) or 0) + 1)
     end
     return record(member, job_id, 'exempt', stalled, max_stalled, epoch, origin)
   end
 
   stalled = stalled + 1
-  if not dry then
-    local epochs = redis.call('HGET', job_key, 'stall_epochs')
-    if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
-    redis.call('HSET', job_key, 'stall_epochs', epochs)
-  end
+  local epochs = f[9]
+  if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
   if stalled < max_stalled then
     if not dry then
       drop(member, job_id, exec_id)
-      redis.call('HSET', job_key, 'stalled', stalled)
-      requeue(job_key, job_id, origin)
+      requeue(job_key, job_id, origin, 'stalled', stalled, 'stall_epochs', epochs)
     end
     return record(member, job_id, 'recovered', stalled, max_stalled, epoch, origin)
   end
   if not dry then
     drop(member, job_id, exec_id)
-    redis.call('HSET', job_key, 'stalled', stalled)
-    bury(job_key, job_id, origin, f[7])
+    bury(job_key, job_id, origin, f[7], stalled, epochs)
   end
   return record(member, job_id, 'dead', stalled, max_stalled, epoch, origin)
 end
@@ -238,6 +239,8 @@ local function rescue_intermediate()
 end
 
 if limbo_timeout > 0 and offset == 0 then rescue_intermediate() end
+
+for verdict, count in pairs(tally) do redis.call('HINCRBY', KEYS[4], verdict, count) end
 
 local more = 0
 if #leases >= batch or #stock >= batch then more = 1 end
