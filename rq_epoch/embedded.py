@@ -72,6 +72,7 @@ class EmbeddedServer:
         self.binary = find_server_binary(kind)
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=f'rq-epoch-{kind}-'))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.extra_config = dict(extra_config or {})

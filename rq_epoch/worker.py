@@ -27,7 +27,25 @@ if TYPE_CHECKING:
 
 __all__ = ['Worker']
 
+_rate_limit_registry: Any = None
+try:  # RQ 3: dependents moved to "ready" whose push onto the queue was interrupted
+    from rq.rate_limit import RateLimitRegistry as _rate_limit_registry
+    from rq.registry import ReadyJobRegistry
+
+    _MAINTAINED_REGISTRIES: tuple[Any, ...] = (
+        FinishedJobRegistry,
+        FailedJobRegistry,
+        DeferredJobRegistry,
+        ReadyJobRegistry,
+    )
+except ImportError:  # RQ 2.x enqueues dependents inside the parent's own transaction
+    _MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
+
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _epoch_job_class(job_class: Any) -> type[Job]:
@@ -173,6 +191,24 @@ class Worker(RQWorker):
             )
             return execution
 
+    def prepare_job_execution(self, job: Any, *args: Any, **kwargs: Any) -> None:
+        """RQ's preparation in the work-horse (status "started"), riding out a server outage.
+
+        The job has not run yet: a connection error here must not fail it. RQ's writes are
+        one transaction and idempotent, so they are tried again with backoff; meanwhile
+        the worker keeps heartbeating and stops this horse if a sweep takes the lease.
+        """
+        give_up = time.monotonic() + self.outcome_retry_limit
+        delay = 0.1
+        while True:
+            try:
+                return super().prepare_job_execution(job, *args, **kwargs)
+            except _CONNECTION_ERRORS:
+                if time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, self._max_backoff())
+
     def maintain_heartbeats(self, job: Any, execution: Execution | None = None) -> None:
         """Heartbeat the worker, the execution and the job, and extend the stamped lease.
 
@@ -198,9 +234,25 @@ class Worker(RQWorker):
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_backoff())
         self._server_reachable(run_id)
-        if not extended:
+        if not extended and self._lease_taken(job, execution):
             self._lease_lost(job)
         self._sweep_if_due()
+
+    def _lease_taken(self, job: Any, execution: Execution) -> bool:
+        """Whether a sweep took this execution's lease (rather than its own work-horse ending it).
+
+        A work-horse that records the job's outcome removes the lease in the same
+        transaction, and may still be running RQ's steps that follow the commit (RQ 3
+        pushes ready dependents, releases rate-limit slots) when this heartbeat finds the
+        lease gone. Every verdict that takes a live lease counts it (``stalled`` or
+        ``exempt_recoveries`` goes up) and a new grant replaces ``lease_execution``.
+        """
+        lease_execution, stalled, exempt = self.connection.hmget(
+            job.key, 'lease_execution', 'stalled', 'exempt_recoveries'
+        )
+        if lease_execution is None or _text(lease_execution) != execution.id:
+            return True
+        return int(stalled or 0) != job.stalled or int(exempt or 0) != job.exempt_recoveries
 
     def _heartbeat_lease(self, job: Any, execution: Execution) -> tuple[bool, str]:
         worker_ttl = self.job_monitoring_interval + 60
@@ -451,10 +503,13 @@ class Worker(RQWorker):
         for queue in self.queues:
             if queue.acquire_maintenance_lock():
                 self.log.info('Worker %s: cleaning registries for queue: %s', self.name, queue.name)
-                for registry_class in (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry):
+                for registry_class in _MAINTAINED_REGISTRIES:
                     registry_class(
                         queue.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer
                     ).cleanup()
+                if _rate_limit_registry is not None:
+                    for rate_limit_registry in _rate_limit_registry.all(self.connection):
+                        rate_limit_registry.cleanup()
                 clean_worker_registry(queue)
                 queue.release_maintenance_lock()
         self.last_cleaned_at = now()  # type: ignore[assignment]
