@@ -372,19 +372,7 @@ class Sweeper:
             return False
         max_stalled = job.max_stalled or self.settings.max_stalled
         reason = self.failure_reason(job, max_stalled)
-        error = StalledJobError(reason)
-        self._run_failure_callback(job, error)
-        for handler in self.exception_handlers:
-            try:
-                if handler(job, StalledJobError, error, None) is False:
-                    break
-            except Exception:
-                logger.exception('sweep: exception handler for job %s raised', job.id)
-        queue = self.queue_class(queue_name, connection=self.connection, serializer=self.serializer)
-        try:
-            queue.enqueue_dependents(job)
-        except Exception:
-            logger.exception('sweep: could not enqueue dependents of job %s', job.id)
+        self._side_effects(job, queue_name, reason, has_dependents=True)
         if not self._record_failure(job, member, reason):
             return False
         self._after_failure(job, reason)
