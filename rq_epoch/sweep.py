@@ -202,6 +202,7 @@ class Sweeper:
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl
+        self._last_run_id = ''
         self._last_uptime = 0
         #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
         self.rescue_intermediate = rescue_intermediate
@@ -227,9 +228,12 @@ class Sweeper:
         Raises:
             EpochUnavailableError: the server yields no valid run_id (nothing is written).
         """
-        current = read_epoch(self.connection, with_role=False)
-        report = SweepReport(run_id=current.run_id, uptime=current.uptime, dry_run=dry_run)
-        for name in queue_names:
+        names = list(queue_names)
+        report = SweepReport(dry_run=dry_run)
+        if not names:  # no script call will read the epoch: check it here
+            current = read_epoch(self.connection, with_role=False)
+            report.run_id, report.uptime = current.run_id, current.uptime
+        for name in names:
             report.queues.append(name)
             self._sweep_queue(name, report, dry_run, progress)
         if not dry_run:
@@ -244,7 +248,7 @@ class Sweeper:
         # bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
             verdicts, more = self._call(name, dry_run, offset)
-            report.uptime = self._last_uptime
+            report.run_id, report.uptime = self._last_run_id, self._last_uptime
             report.verdicts.extend(verdicts)
             judged = sum(1 for v in verdicts if v.verdict != 'deferred')
             if progress is not None and verdicts:
@@ -282,7 +286,7 @@ class Sweeper:
             ],
         )
         run_id = _text(result[0])
-        self._last_uptime = int(result[1])
+        self._last_run_id, self._last_uptime = run_id, int(result[1])
         more = int(result[3]) == 1
         count = int(result[4])
         rows = result[5:]
@@ -450,11 +454,7 @@ class Sweeper:
                     if score is None:
                         continue
                     kept.add(member)
-                    job.ended_at = now()
-                    job.set_status(JobStatus.FAILED, pipeline=pipeline)
-                    job._handle_failure(reason, pipeline)
-                    pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
-                    pipeline.zrem(finishing, member)
+                    self._queue_failure(pipeline, job, member, reason)
                 pipeline.execute()
             except WatchError:
                 kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
@@ -474,6 +474,15 @@ class Sweeper:
         except Exception:
             logger.exception('sweep: on_failure callback of job %s raised', job.id)
 
+    @staticmethod
+    def _queue_failure(pipeline: Any, job: Job, member: str, reason: str) -> None:
+        """Queue RQ's failure bookkeeping (status, registry, Result) and drop the finishing entry."""
+        job.ended_at = now()
+        job.set_status(JobStatus.FAILED, pipeline=pipeline)
+        job._handle_failure(reason, pipeline)
+        pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
+        pipeline.zrem(keys.finishing_key(), member)
+
     def _record_failure(self, job: Job, member: str, reason: str) -> bool:
         finishing = keys.finishing_key()
         for _ in range(10):
@@ -483,11 +492,7 @@ class Sweeper:
                     if pipeline.zscore(finishing, member) is None:
                         return False
                     pipeline.multi()
-                    job.ended_at = now()
-                    job.set_status(JobStatus.FAILED, pipeline=pipeline)
-                    job._handle_failure(reason, pipeline)
-                    pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
-                    pipeline.zrem(finishing, member)
+                    self._queue_failure(pipeline, job, member, reason)
                     pipeline.execute()
                     return True
                 except WatchError:

@@ -11,7 +11,8 @@ local function current_epoch()
   if not ok then
     local reason = info
     if type(info) == 'table' then reason = info.err end
-    return nil, nil, 'EPOCH_UNAVAILABLE INFO server was refused: ' .. tostring(reason)
+    return nil, nil, 'EPOCH_UNAVAILABLE INFO server was refused (the server user needs the ACL rule +info): '
+      .. tostring(reason)
   end
   local run_id = string.match(info, 'run_id:([^\r\n]*)')
   if run_id == nil or string.len(run_id) ~= 40 or string.find(run_id, '[^0-9a-f]') then
