@@ -7,7 +7,8 @@ that keeps killing its workers.
 """
 
 from .epoch import is_counted, is_exempt, is_valid_run_id
-from .errors import ConfigurationError, EpochUnavailableError, RqEpochError, StalledJobError
+from .errors import ConfigurationError, EpochUnavailableError, OutcomeRefused, RqEpochError, StalledJobError
+from .fence import Fence
 from .job import Job
 from .queue import Queue
 from .registry import StartedJobRegistry
@@ -21,8 +22,10 @@ __all__ = [
     'ConfigurationError',
     'EpochSettings',
     'EpochUnavailableError',
+    'Fence',
     'Job',
     'LeaseVerdict',
+    'OutcomeRefused',
     'Queue',
     'RqEpochError',
     'ServerEpoch',
