@@ -582,6 +582,8 @@ def format_status(current: ServerEpoch, settings: EpochSettings, queues: dict[st
         if counters:
             text = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
             lines.append(f'  sweep counters    {text or "none"}')
+        refused = counters.get('refused', 0)
+        lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
         if q['truncated']:
             lines.append(f'  (only the first {STATUS_SCAN_LIMIT} entries of each registry were read)')
     return lines

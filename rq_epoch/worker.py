@@ -9,7 +9,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
+from rq.logutils import setup_loghandlers
 from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
 from rq.utils import import_attribute, now
 from rq.worker import Worker as RQWorker
@@ -124,8 +126,16 @@ class Worker(RQWorker):
 
     # -- start -----------------------------------------------------------------------
 
-    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+    def bootstrap(
+        self,
+        logging_level: str | None = 'INFO',
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
         """Check that the server yields an epoch, load the scripts, then start as RQ does.
+
+        rq-epoch's own log lines (logger ``rq_epoch``: verdicts of the worker's sweeps,
+        skipped callbacks) get the same handler and format as RQ's worker lines.
 
         Raises:
             EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
@@ -133,7 +143,8 @@ class Worker(RQWorker):
         current = read_epoch(self.connection)
         scripts.load_all(self.connection)
         self._known_run_id = current.run_id
-        super().bootstrap(*args, **kwargs)
+        super().bootstrap(logging_level, date_format, log_format)
+        setup_loghandlers(logging_level, date_format, log_format, name='rq_epoch')
         s = self.epoch_settings
         self.log.info(
             'Worker %s: rq-epoch on server epoch %s; heartbeat %ss, lease margin %ss, sweep every %ss, '
