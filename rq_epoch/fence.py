@@ -15,9 +15,10 @@ execution. The check and the write are one atomic step in the server, in the sam
 round trip as RQ's own commit; a WATCH that RQ set (on the job's dependents) still guards
 the transaction around it.
 
-A transaction that already carries a script call cannot be nested inside another script;
-such a commit (rare: a unique or rate-limited re-enqueue) is fenced by WATCHing the job
-hash instead, which every change of lease holder writes.
+A transaction that already carries a script call cannot be nested inside another script,
+and a script cannot call a command with more arguments than Lua's stack holds; such a
+commit (rare: a unique or rate-limited re-enqueue, a job with thousands of dependents) is
+fenced by WATCHing the job hash instead, which every change of lease holder writes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = ['Fence', 'arm']
 
 _SCRIPT_COMMANDS = frozenset({'EVAL', 'EVALSHA', 'EVAL_RO', 'EVALSHA_RO', 'FCALL', 'FCALL_RO'})
+#: Most arguments of one command the commit script passes through ``unpack`` (Lua's C
+#: stack holds 8,000 values in Redis and Valkey); a longer command goes the WATCH way.
+_MAX_UNPACKED = 7000
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,9 @@ def arm(pipeline: Pipeline, fence: Fence) -> None:
         armed = state.pop('_rq_epoch_fence', None)
         if armed is None:
             return original(raise_on_error)
-        if pipeline.scripts or any(_name(args) in _SCRIPT_COMMANDS for args, _ in pipeline.command_stack):
+        if pipeline.scripts or any(
+            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in pipeline.command_stack
+        ):
             return _commit_watched(pipeline, original, armed, raise_on_error)
         return _commit_scripted(pipeline, original, armed, raise_on_error)
 

@@ -16,11 +16,12 @@ def _fence(job_id: str, member: str) -> Fence:
     return Fence('default', job_id, member.split(':', 1)[1])
 
 
-def _outcome(conn: redis.Redis, fence: Fence, *, with_script: bool = False) -> list:
+def _outcome(conn: redis.Redis, fence: Fence, *, with_script: bool = False, dependents: int = 2) -> list:
     """An outcome transaction as RQ builds one, armed as the worker arms it."""
     with conn.pipeline() as pipeline:
         pipeline.hset(keys.job_key(fence.job_id), 'status', 'finished')
         pipeline.zrem(keys.leases_key('default'), fence.member)
+        pipeline.sadd('test:dependents', *(f'd{i}' for i in range(dependents)))
         if with_script:  # a transaction that already carries a script call
             conn.register_script("return redis.call('RPUSH', KEYS[1], ARGV[1])")(
                 keys=['test:pushed'], args=['x'], client=pipeline
@@ -30,11 +31,15 @@ def _outcome(conn: redis.Redis, fence: Fence, *, with_script: bool = False) -> l
         return pipeline.execute()
 
 
-@pytest.mark.parametrize('with_script', [False, True], ids=['scripted', 'watched'])
-def test_the_holder_commits_and_replies_come_back_as_redis_py_gives_them(conn, with_script: bool) -> None:
+@pytest.mark.parametrize(
+    ('with_script', 'dependents'), [(False, 2), (True, 2), (False, 20_000)], ids=['scripted', 'watched', 'long']
+)
+def test_the_holder_commits_and_replies_come_back_as_redis_py_gives_them(
+    conn, with_script: bool, dependents: int
+) -> None:
     job, member = start_job(conn, Queue('default', connection=conn), expired=True)
-    replies = _outcome(conn, _fence(job.id, member), with_script=with_script)
-    assert replies[:2] == [0, 1]  # HSET of an existing field, ZREM of the lease
+    replies = _outcome(conn, _fence(job.id, member), with_script=with_script, dependents=dependents)
+    assert replies[:3] == [0, 1, dependents]  # HSET of an existing field, ZREM of the lease, SADD
     assert isinstance(replies[-1], str | bytes)  # the stream entry id
     assert conn.hget(job.key, 'status') == b'finished'
     assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
@@ -52,7 +57,7 @@ def test_after_a_sweep_took_the_lease_nothing_of_the_outcome_lands(conn, with_sc
         _outcome(conn, _fence(job.id, member), with_script=with_script)
     assert (refused.value.reason, refused.value.detail) == ('taken', 'recovered')
     assert conn.hget(job.key, 'status') == b'queued'
-    assert conn.exists(f'{keys.PREFIX}:results:{job.id}', 'test:pushed') == 0
+    assert conn.exists(f'{keys.PREFIX}:results:{job.id}', 'test:pushed', 'test:dependents') == 0
     assert conn.hget(job.key, 'stale_outcomes') == b'1'
     assert conn.hget(keys.stats_key('default'), 'refused') == b'1'
 
