@@ -83,6 +83,7 @@ class Job(RQJob):
         self.fence = None
         #: True once the fence refused this process's outcome of the job.
         self.outcome_refused = False
+        self._callback_decisions: dict[tuple[str, str], bool] = {}
         super().__init__(*args, **kwargs)
 
     @property
@@ -121,15 +122,23 @@ class Job(RQJob):
     # -- fenced side effects ----------------------------------------------------------
 
     def _callback_allowed(self, callback: Any, name: str) -> bool:
-        """Whether ``callback`` may run: always, unless this execution is known to be stale."""
+        """Whether ``callback`` may run: always, unless this execution is known to be stale.
+
+        The answer is kept per callback and execution: RQ 2 reads the property twice
+        (to test it, then to call it), and both reads must agree.
+        """
         if callback is None or self.fence is None:
             return True
+        decided = self._callback_decisions.get((name, self.fence.execution_id))
+        if decided is not None:
+            return decided
         if self.outcome_refused:
             refusal: Any = 'its outcome was refused'
         else:
             refusal = self.fence.check(self.connection)
-            if refusal is None:
-                return True
+        self._callback_decisions[(name, self.fence.execution_id)] = refusal is None
+        if refusal is None:
+            return True
         logger.warning(
             'Job %s: not running its %s callback from execution %s: %s',
             self.id,
