@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -1380,7 +1380,7 @@ def to_json(results: Sequence[SideResult], cfg: Config) -> dict[str, Any]:
         'config': {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
         'freeze_seconds': cfg.freeze_seconds,
         'rq': rq.__version__,
-        'date': datetime.now(UTC).strftime('%Y-%m-%d'),
+        'date': datetime.now(timezone.utc).strftime('%Y-%m-%d'),
         'faults': [asdict(f) for f in plan.faults],
         'sides': {
             r.side: {

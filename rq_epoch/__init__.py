@@ -16,7 +16,7 @@ from .settings import EpochSettings
 from .sweep import LeaseVerdict, ServerEpoch, Sweeper, SweepReport, read_epoch
 from .worker import Worker
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 
 __all__ = [
     'ConfigurationError',

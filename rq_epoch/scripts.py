@@ -29,7 +29,7 @@ EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
 
 
 def _read(name: str) -> str:
-    return resources.files('rq_epoch').joinpath('scripts', name).read_text(encoding='utf-8')
+    return resources.files('rq_epoch').joinpath('scripts').joinpath(name).read_text(encoding='utf-8')
 
 
 def _expand(text: str) -> str:
