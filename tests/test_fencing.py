@@ -130,11 +130,14 @@ def test_a_frozen_execution_runs_no_callback_once_its_lease_is_taken(
         release.touch()
         start_worker(QUEUE)
         wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 40, what='B finishing the job')
-    finally:
-        for pid in reversed(frozen):
+        for pid in horses:  # the horse first: it returns while its worker is still frozen
             os.kill(pid, signal.SIGCONT)
-    # The thawed horse returns; its lease is known to be gone when its callback would run.
-    wait_for(lambda: 'not running its on_success callback' in stale.output(), 20, what='callback skipped')
+        # Its lease is known to be gone when its callback would run.
+        wait_for(lambda: 'not running its on_success callback' in stale.output(), 20, what='callback skipped')
+        wait_for(lambda: f'refused the success of job {job.id}' in stale.output(), 20, what='outcome refused')
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
     assert conn.lrange(f'test:on_success:{job.id}', 0, -1) == [b'f']  # B's callback only
     assert [r.type for r in Job.fetch(job.id, connection=conn).results()] == [Result.Type.SUCCESSFUL]
 
