@@ -51,6 +51,13 @@ def _starts(path: Path) -> list[tuple[float, int, int]]:
     return rows
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
+    except OSError:
+        return []
+
+
 def _wait(condition: Any, timeout: float, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,6 +108,11 @@ def one_trial(
         return {'side': side, 'ok': True, 'detection_seconds': round(again[1][0] - killed, 2)}
     finally:
         for proc, log in workers:
+            for pid in _children(proc.pid):  # the work-horse running the long job
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)
