@@ -309,7 +309,7 @@ class EpochCollector:
 
     Each collection reads the server once (:func:`read_snapshot`). When the server cannot be
     read, the collection has ``rq_epoch_up 0`` and nothing else, and the reason is logged
-    on the ``rq_epoch`` logger (once until it changes).
+    on the ``rq_epoch`` logger (once per kind of error, until a read succeeds again).
     """
 
     def __init__(
@@ -342,10 +342,9 @@ class EpochCollector:
         try:
             snapshot = self.snapshot()
         except (redis.exceptions.RedisError, RqEpochError) as exc:
-            error = f'{type(exc).__name__}: {exc}'
-            if error != self._last_error:
-                logger.warning('metrics: cannot read the server: %s', error)
-                self._last_error = error
+            if type(exc).__name__ != self._last_error:
+                logger.warning('metrics: cannot read the server: %s: %s', type(exc).__name__, exc)
+                self._last_error = type(exc).__name__
             core = _prometheus()
             yield core.GaugeMetricFamily('rq_epoch_up', _HELP['up'], value=0)
             return
