@@ -713,7 +713,7 @@ def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, sca
     from .metrics import EpochCollector, serve
 
     _settings(grace=grace)
-    names = cli_config.queue_names()
+    names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read rq:queues at each scrape
     collector = EpochCollector(cli_config.connection, queues=names, restart_grace=grace, scan_limit=scan_limit)
     try:
         httpd, thread = serve(collector, host, port)

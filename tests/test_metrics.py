@@ -468,6 +468,15 @@ def test_exporter_serves_only_given_queues_reports_a_lost_server_and_stops_on_si
     assert value(samples, 'rq_epoch_leases', queue='one', state='live') == 1
     assert not any(dict(labels).get('queue') == 'two' for _, labels in samples)
 
+    everything = start_exporter('--url', server.url, '--all')  # --all: rq:queues, read at each scrape
+    start_job(conn, Queue('three', connection=conn), epoch=CURRENT, expired=False)
+    _, samples = scrape_up(everything.url)
+    assert {dict(labels)['queue'] for name, labels in samples if name == 'rq_epoch_stalled_jobs'} == {
+        'one',
+        'two',
+        'three',
+    }
+
     server.stop()
     try:
         for _ in range(2):  # the endpoint keeps answering, and logs the reason once
