@@ -249,7 +249,7 @@ def test_scrape_matches_a_state_built_by_real_workers(
             return bool(lease) and lease[1] <= server_now(conn)
 
         wait_for(deferred_state, 30, what='running leases re-stamped, the crossed lease expired')
-        _, during_grace = scrape_up(exporter.url)
+        grace_text, during_grace = scrape_up(exporter.url)
         age = value(during_grace, 'rq_epoch_epoch_age_seconds')
         assert age < GRACE
         assert value(during_grace, 'rq_epoch_restart_grace_remaining_seconds') == GRACE - age
@@ -307,7 +307,10 @@ def test_scrape_matches_a_state_built_by_real_workers(
         assert {k: v for k, v in mine.items() if k[0] not in moving} == {
             k: v for k, v in after.items() if k[0] not in moving
         }
-        print(f'\n--- scrape of the test state ({server.kind}), {tally.round_trips} round trips ---\n{text}')
+        shown = ('rq_epoch_epoch_age', 'rq_epoch_restart_grace', 'rq_epoch_leases{queue="mon"')
+        deferred_lines = '\n'.join(line for line in grace_text.splitlines() if line.startswith(shown))
+        print(f'\n--- during the restart grace ({server.kind}) ---\n{deferred_lines}')
+        print(f'--- scrape of the test state ({server.kind}), {tally.round_trips} round trips ---\n{text}')
     finally:
         httpd.shutdown()
         thread.join(10)
