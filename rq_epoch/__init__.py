@@ -7,7 +7,8 @@ that keeps killing its workers.
 """
 
 from .epoch import is_counted, is_exempt, is_valid_run_id
-from .errors import ConfigurationError, EpochUnavailableError, RqEpochError, StalledJobError
+from .errors import ConfigurationError, EpochUnavailableError, OutcomeRefused, RqEpochError, StalledJobError
+from .fence import Fence
 from .job import Job
 from .queue import Queue
 from .registry import StartedJobRegistry
@@ -15,14 +16,16 @@ from .settings import EpochSettings
 from .sweep import LeaseVerdict, ServerEpoch, Sweeper, SweepReport, read_epoch
 from .worker import Worker
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 
 __all__ = [
     'ConfigurationError',
     'EpochSettings',
     'EpochUnavailableError',
+    'Fence',
     'Job',
     'LeaseVerdict',
+    'OutcomeRefused',
     'Queue',
     'RqEpochError',
     'ServerEpoch',

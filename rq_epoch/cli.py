@@ -605,6 +605,8 @@ def format_status(current: ServerEpoch, settings: EpochSettings, queues: dict[st
         if counters:
             text = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
             lines.append(f'  sweep counters    {text or "none"}')
+        refused = counters.get('refused', 0)
+        lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
         since = q['seconds_since_last_sweep']
         lines.append(f'  last sweep        {_duration(int(since)) + " ago" if since is not None else "none recorded"}')
         if q['truncated']:

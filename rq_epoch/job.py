@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from rq.job import Job as RQJob
@@ -9,7 +10,10 @@ from rq.job import Job as RQJob
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from .fence import Fence
     from .registry import StartedJobRegistry
+
+logger = logging.getLogger('rq_epoch')
 
 __all__ = ['Job', 'stalled_count']
 
@@ -58,6 +62,7 @@ class Job(RQJob):
     * ``lease_epoch``: run_id of the server process that last granted or extended the lease.
     * ``stalled``: counted stalls so far.
     * ``exempt_recoveries``: requeues after leases that crossed a restart (not counted).
+    * ``stale_outcomes``: outcomes of stale executions that the fence refused.
 
     Set by you at enqueue time (see :class:`rq_epoch.Queue`):
 
@@ -65,19 +70,32 @@ class Job(RQJob):
 
     ``save()`` never writes the stamp or the counters, so a stale copy of a job can't
     clobber what the scripts wrote.
+
+    While a worker runs the job, :attr:`fence` names the execution that holds its lease:
+    the job's ``on_success`` / ``on_failure`` / ``on_stopped`` callbacks are then looked up
+    only while that execution still holds it, and webhooks are not sent for an outcome
+    that the fence refused.
     """
 
     lease_epoch: str | None
     lease_execution: str | None
     stalled: int
     exempt_recoveries: int
+    stale_outcomes: int
+    #: The execution this process runs the job under (set by the worker), or None.
+    fence: Fence | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease_epoch = None
         self.lease_execution = None
         self.stalled = 0
         self.exempt_recoveries = 0
+        self.stale_outcomes = 0
         self._max_stalled: int | None = None
+        self.fence = None
+        #: True once the fence refused this process's outcome of the job.
+        self.outcome_refused = False
+        self._callback_decisions: dict[tuple[str, str], bool] = {}
         super().__init__(*args, **kwargs)
 
     @property
@@ -101,6 +119,7 @@ class Job(RQJob):
             _field(raw_data, 'stalled'), _field(raw_data, 'status'), _field(raw_data, 'stall_dead')
         )
         self.exempt_recoveries = _int(_field(raw_data, 'exempt_recoveries'), 0) or 0
+        self.stale_outcomes = _int(_field(raw_data, 'stale_outcomes'), 0) or 0
         max_stalled = _int(_field(raw_data, 'max_stalled'), None)
         self._max_stalled = max_stalled if max_stalled is not None and max_stalled >= 1 else None
         return result
@@ -110,6 +129,56 @@ class Job(RQJob):
         if self._max_stalled is not None:
             data['max_stalled'] = self._max_stalled
         return data
+
+    # -- fenced side effects ----------------------------------------------------------
+
+    def _callback_allowed(self, callback: Any, name: str) -> bool:
+        """Whether ``callback`` may run: always, unless this execution is known to be stale.
+
+        The answer is kept per callback and execution: RQ 2 reads the property twice
+        (to test it, then to call it), and both reads must agree.
+        """
+        if callback is None or self.fence is None:
+            return True
+        decided = self._callback_decisions.get((name, self.fence.execution_id))
+        if decided is not None:
+            return decided
+        if self.outcome_refused:
+            refusal: Any = 'its outcome was refused'
+        else:
+            refusal = self.fence.check(self.connection)
+        self._callback_decisions[(name, self.fence.execution_id)] = refusal is None
+        if refusal is None:
+            return True
+        logger.warning(
+            'Job %s: not running its %s callback from execution %s: %s',
+            self.id,
+            name,
+            self.fence.execution_id,
+            refusal,
+        )
+        return False
+
+    @property
+    def success_callback(self) -> Any:
+        callback = super().success_callback
+        return callback if self._callback_allowed(callback, 'on_success') else None
+
+    @property
+    def failure_callback(self) -> Any:
+        callback = super().failure_callback
+        return callback if self._callback_allowed(callback, 'on_failure') else None
+
+    @property
+    def stopped_callback(self) -> Any:
+        callback = super().stopped_callback
+        return callback if self._callback_allowed(callback, 'on_stopped') else None
+
+    def send_webhooks(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's webhooks, except for an outcome that the fence refused."""
+        if self.outcome_refused:
+            return
+        super().send_webhooks(*args, **kwargs)
 
     @property
     def started_job_registry(self) -> StartedJobRegistry:  # type: ignore[override]

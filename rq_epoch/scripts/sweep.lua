@@ -18,6 +18,9 @@
 -- ARGV[8]  offset into the expired entries (dry runs page with it; 0 otherwise)
 -- ARGV[9]  seconds a job may sit in RQ's intermediate queue, taken by a worker but never
 --          granted, before it is requeued uncounted (0: leave the intermediate queue alone)
+-- ARGV[10] seconds to keep the record of a taken lease (<prefix>:epoch:taken:<member>),
+--          which tells the execution that lost it, at its next heartbeat or commit, who
+--          took over
 --
 -- Expired entries are read from two places: rq-epoch's leases (deadline <= TIME), and
 -- RQ's StartedJobRegistry entries with a finite expired score, which only stock workers
@@ -56,6 +59,7 @@ local default_failure_ttl = tonumber(ARGV[6])
 local dry = ARGV[7] == '1'
 local offset = tonumber(ARGV[8])
 local limbo_timeout = tonumber(ARGV[9]) or 0
+local taken_ttl = tonumber(ARGV[10]) or 86400
 local now = server_now()
 
 local out = {}
@@ -88,6 +92,11 @@ local function drop(member, job_id, exec_id)
       redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
     end
   end
+end
+
+-- Leave a record that this execution's lease was taken, and by which verdict.
+local function mark_taken(member, verdict)
+  redis.call('SET', prefix .. ':epoch:taken:' .. member, verdict, 'EX', taken_ttl)
 end
 
 -- ... is the job's other fields to write in the same HSET.
@@ -140,7 +149,10 @@ local function judge(member, stock)
   local never_started = false
   if status == 'started' then
     if not stock and lease_execution and lease_execution ~= exec_id then
-      if not dry then drop(member, job_id, exec_id) end
+      if not dry then
+        drop(member, job_id, exec_id)
+        mark_taken(member, 'settled')
+      end
       return record(member, job_id, 'settled', stalled, max_stalled, epoch, origin)
     end
   elseif status == 'queued' and not stock and lease_execution == exec_id
@@ -160,6 +172,7 @@ local function judge(member, stock)
     end
     if not dry then
       drop(member, job_id, exec_id)
+      if not stock then mark_taken(member, 'exempt') end
       requeue(job_key, job_id, origin, 'exempt_recoveries', (tonumber(f[8]) or 0) + 1)
     end
     return record(member, job_id, 'exempt', stalled, max_stalled, epoch, origin)
@@ -171,12 +184,14 @@ local function judge(member, stock)
   if stalled < max_stalled then
     if not dry then
       drop(member, job_id, exec_id)
+      mark_taken(member, 'recovered')
       requeue(job_key, job_id, origin, 'stalled', stalled, 'stall_epochs', epochs)
     end
     return record(member, job_id, 'recovered', stalled, max_stalled, epoch, origin)
   end
   if not dry then
     drop(member, job_id, exec_id)
+    mark_taken(member, 'dead')
     bury(job_key, job_id, origin, f[7], stalled, epochs)
   end
   return record(member, job_id, 'dead', stalled, max_stalled, epoch, origin)
