@@ -317,6 +317,35 @@ def test_scrape_matches_a_state_built_by_real_workers(
         Path(release).touch()
 
 
+def test_a_refused_stale_outcome_is_counted_in_the_scrape(
+    server: EmbeddedServer, conn: redis.Redis, start_worker: Callable[..., Any], start_exporter, tmp_path: Path
+) -> None:
+    """A worker frozen past its lease: a sweep hands the job on, and the stale outcome is refused."""
+    log, release = tmp_path / 'runs', tmp_path / 'release'
+    job = Queue('fence', connection=conn).enqueue('tests.jobs.gated', str(log), 'f', str(release), max_stalled=3)
+    stale = start_worker('fence')
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')
+    horses = wait_for(stale.horse_pids, 10, what='work-horse')
+    frozen = [stale.pid, *horses]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        release.touch()
+        start_worker('fence')  # sweeps every second: takes the expired lease, reruns the job
+        wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 40, what='the newer run finishing')
+        for pid in horses:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: conn.hget(keys.stats_key('fence'), 'refused') == b'1', 20, what='the stale outcome refused')
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    exporter = start_exporter('--url', server.url)
+    _, samples = scrape_up(exporter.url)
+    assert value(samples, 'rq_epoch_stale_outcomes_refused_total', queue='fence') == 1
+    assert value(samples, 'rq_epoch_sweep_verdicts_total', queue='fence', verdict='recovered') == 1
+    assert value(samples, 'rq_epoch_stalled_jobs', queue='fence') == 0  # finished: no longer waiting or running
+
+
 def fill(conn: redis.Redis, queues: int, per_queue: int) -> None:
     """Leases, recoveries, dead letters and waiting jobs in many queues."""
     for q in range(queues):
@@ -447,7 +476,7 @@ def test_refused_outcomes_and_last_sweep_come_from_the_stats_hash(conn: redis.Re
     Sweeper(conn).sweep(['fence'])
     stamp = float(conn.hget(keys.stats_key('fence'), 'last_sweep'))
     assert before <= stamp <= server_now(conn)
-    conn.hincrby(keys.stats_key('fence'), 'refused', 3)  # the field lease fencing counts in
+    conn.hincrby(keys.stats_key('fence'), 'refused', 3)  # the field the commit script counts refusals in
     samples = parse(generate_latest(_registry(EpochCollector(conn))).decode())
     assert value(samples, 'rq_epoch_stale_outcomes_refused_total', queue='fence') == 3
     assert value(samples, 'rq_epoch_last_sweep_timestamp_seconds', queue='fence') == pytest.approx(stamp)
