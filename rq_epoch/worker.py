@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
-from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
 from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
@@ -109,8 +109,12 @@ class Worker(RQWorker):
         )
         kwargs['job_class'] = _epoch_job_class(kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
-        if heartbeat_interval is None and not os.environ.get('RQ_EPOCH_HEARTBEAT_INTERVAL', '').strip():
-            # Neither set: RQ's job_monitoring_interval (e.g. --job-monitoring-interval) rules.
+        if (
+            heartbeat_interval is None
+            and not os.environ.get('RQ_EPOCH_HEARTBEAT_INTERVAL', '').strip()
+            and self.job_monitoring_interval != DEFAULT_JOB_MONITORING_INTERVAL
+        ):
+            # RQ's job_monitoring_interval was chosen (e.g. --job-monitoring-interval): it rules.
             self.epoch_settings = EpochSettings.resolve(
                 environ={}, **{**asdict(self.epoch_settings), 'heartbeat_interval': self.job_monitoring_interval}
             )
