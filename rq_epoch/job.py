@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger('rq_epoch')
 
-__all__ = ['Job']
+__all__ = ['Job', 'stalled_count']
 
 
 def _text(raw: Any) -> str | None:
@@ -40,6 +40,18 @@ def _field(raw_data: Any, name: str) -> Any:
     if name in raw_data:
         return raw_data[name]
     return raw_data.get(name.encode())
+
+
+def stalled_count(stalled: Any, status: Any, stall_dead: Any) -> int:
+    """Counted stalls of a job, from the raw ``stalled``, ``status`` and ``stall_dead`` fields of its hash.
+
+    The one rule every reader uses (:class:`Job`, ``rq-epoch status``, the metrics): a dead
+    letter that was requeued by hand, with any tool, starts afresh at 0, even before its
+    next grant resets the field in the server.
+    """
+    if stall_dead is not None and _text(status) != 'failed':
+        return 0
+    return _int(stalled, 0) or 0
 
 
 class Job(RQJob):
@@ -101,12 +113,11 @@ class Job(RQJob):
         result = super().restore(raw_data)
         self.lease_epoch = _text(_field(raw_data, 'lease_epoch'))
         self.lease_execution = _text(_field(raw_data, 'lease_execution'))
-        self.stalled = _int(_field(raw_data, 'stalled'), 0) or 0
-        status = _text(_field(raw_data, 'status'))
-        if _field(raw_data, 'stall_dead') is not None and status != 'failed':
-            # Dead-lettered, then requeued by hand (with any tool): the budget starts
-            # afresh, and the next grant resets the counter in the server too.
-            self.stalled = 0
+        # Dead-lettered, then requeued by hand (with any tool): the budget starts afresh,
+        # and the next grant resets the counter in the server too.
+        self.stalled = stalled_count(
+            _field(raw_data, 'stalled'), _field(raw_data, 'status'), _field(raw_data, 'stall_dead')
+        )
         self.exempt_recoveries = _int(_field(raw_data, 'exempt_recoveries'), 0) or 0
         self.stale_outcomes = _int(_field(raw_data, 'stale_outcomes'), 0) or 0
         max_stalled = _int(_field(raw_data, 'max_stalled'), None)

@@ -6,7 +6,7 @@
 -- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
 -- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
 -- KEYS[3]  dead letters awaiting their Python side effects (<prefix>:epoch:finishing)
--- KEYS[4]  per-queue verdict counters        (<prefix>:epoch:stats:<queue>)
+-- KEYS[4]  per-queue verdict counters, and last_sweep: server TIME of the last call (<prefix>:epoch:stats:<queue>)
 -- KEYS[5]  first sightings of jobs stuck in RQ's intermediate queue (<prefix>:epoch:limbo:<queue>)
 -- ARGV[1]  RQ key prefix ("rq"): job, execution and queue keys are derived from it
 -- ARGV[2]  queue name (used when a job has no origin)
@@ -256,6 +256,7 @@ end
 if limbo_timeout > 0 and offset == 0 then rescue_intermediate() end
 
 for verdict, count in pairs(tally) do redis.call('HINCRBY', KEYS[4], verdict, count) end
+if not dry then redis.call('HSET', KEYS[4], 'last_sweep', tostring(now)) end
 
 local more = 0
 if #leases >= batch or #stock >= batch then more = 1 end
