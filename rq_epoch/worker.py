@@ -126,6 +126,7 @@ class Worker(RQWorker):
         self._known_run_id: str | None = None
         self._server_lost_at: float | None = None
         self._lost_lease_job_ids: set[str] = set()
+        self._fenced_execution: Execution | None = None
         self.last_sweep_report: SweepReport | None = None
 
     # -- start -----------------------------------------------------------------------
@@ -353,8 +354,13 @@ class Worker(RQWorker):
         execution's fence: its commit lands only while the execution holds the lease.
         """
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
+        if execution is None and self._fenced_execution is not None and self._fenced_execution.job_id == job.id:
+            # RQ 2 clears self.execution in the first attempt of a transaction that it then
+            # rebuilds (after a WatchError): the rebuilt commit is fenced all the same.
+            execution = self._fenced_execution
         super().cleanup_execution(job, pipeline, *args, **kwargs)
         if execution is not None and execution.job_id == job.id:
+            self._fenced_execution = execution
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
     def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
