@@ -7,7 +7,17 @@ try:  # RQ 3.0 made the prefix configurable
 except ImportError:  # RQ 2.x: fixed prefix
     _RQ_PREFIX = 'rq'
 
-__all__ = ['PREFIX', 'failed_key', 'finishing_key', 'job_key', 'leases_key', 'limbo_key', 'stats_key', 'wip_key']
+__all__ = [
+    'PREFIX',
+    'failed_key',
+    'finishing_key',
+    'job_key',
+    'leases_key',
+    'limbo_key',
+    'primaries_key',
+    'stats_key',
+    'wip_key',
+]
 
 PREFIX: str = _RQ_PREFIX
 
@@ -45,3 +55,8 @@ def failed_key(queue_name: str) -> str:
 def job_key(job_id: str) -> str:
     """RQ's job hash key."""
     return f'{PREFIX}:job:{job_id}'
+
+
+def primaries_key() -> str:
+    """Hash of primary epochs: ``<run_id>:<replid>`` -> first seen as primary (server time) and replicas seen."""
+    return f'{PREFIX}:epoch:primaries'

@@ -137,7 +137,7 @@ def sentinel_available(kind: str = 'valkey') -> bool:
 
 
 class SentinelTopology:
-    """A primary, one replica (``replicaof``) and ``sentinels`` sentinels watching them.
+    """A primary, ``replicas`` replicas (``replicaof``) and ``sentinels`` sentinels watching them.
 
     ``primary_config`` / ``replica_config`` are extra server settings (e.g.
     ``{'min-replicas-to-write': '1'}``); settings given to both apply after a failover
@@ -150,6 +150,7 @@ class SentinelTopology:
         base_dir: str | os.PathLike[str],
         kind: str = 'valkey',
         *,
+        replicas: int = 1,
         sentinels: int = 3,
         quorum: int = 2,
         down_after_ms: int = 1000,
@@ -168,17 +169,21 @@ class SentinelTopology:
             appendfsync=appendfsync,
             extra_config={**common, **(primary_config or {})},
         )
-        self.replica = EmbeddedServer(
-            kind,
-            data_dir=self.base_dir / 'server-b',
-            appendfsync=appendfsync,
-            extra_config={
-                **common,
-                'replicaof': f'127.0.0.1 {self.primary.port}',
-                **(replica_config or {}),
-            },
-        )
-        self.servers = [self.primary, self.replica]
+        self.replicas = [
+            EmbeddedServer(
+                kind,
+                data_dir=self.base_dir / f'server-{"bcdefgh"[i]}',
+                appendfsync=appendfsync,
+                extra_config={
+                    **common,
+                    'replicaof': f'127.0.0.1 {self.primary.port}',
+                    **(replica_config or {}),
+                },
+            )
+            for i in range(replicas)
+        ]
+        self.replica = self.replicas[0]
+        self.servers = [self.primary, *self.replicas]
         self.sentinels = [
             SentinelProcess(
                 self.binary,
@@ -197,8 +202,8 @@ class SentinelTopology:
     def start(self, timeout: float = 30.0) -> SentinelTopology:
         """Start everything; return once every sentinel knows the replica and the other sentinels."""
         try:
-            self.primary.start()
-            self.replica.start()
+            for server in self.servers:
+                server.start()
             for sentinel in self.sentinels:
                 sentinel.start()
             self.wait_ready(timeout)
@@ -220,7 +225,7 @@ class SentinelTopology:
                     return False
             return True
 
-        _poll(synced, timeout, 'the replica in sync with the primary')
+        _poll(synced, timeout, 'the replicas in sync with the primary')
 
         def known() -> bool:
             for sentinel in self.sentinels:
