@@ -27,7 +27,16 @@ from .settings import EpochSettings
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['VERDICTS', 'LeaseVerdict', 'PrimaryState', 'ServerEpoch', 'SweepReport', 'Sweeper', 'read_epoch']
+__all__ = [
+    'VERDICTS',
+    'LeaseVerdict',
+    'PrimaryState',
+    'ServerEpoch',
+    'SweepReport',
+    'Sweeper',
+    'read_epoch',
+    'read_primary_state',
+]
 
 logger = logging.getLogger('rq_epoch')
 
@@ -122,6 +131,42 @@ class PrimaryState:
         if not self.is_primary:
             return 'replica'
         return 'isolated' if self.isolated else 'primary'
+
+
+#: A replica whose last acknowledgement is older than this is not counted online (seconds).
+REPLICA_MAX_LAG = 10
+
+
+def read_primary_state(connection: Redis, current: ServerEpoch | None = None) -> PrimaryState:
+    """The server's role and primary epoch as the sweep script would see them; writes nothing.
+
+    For status views: the same rule as ``primary_epoch`` in ``scripts/_epoch.lua``, read
+    from INFO replication and ``<prefix>:epoch:primaries`` with the server clock.
+    """
+    current = current or read_epoch(connection, with_role=False)
+    info = connection.info('replication')
+    role = str(info.get('role', ''))
+    if role != 'master':
+        return PrimaryState(role=role)
+    online = 0
+    for name, value in info.items():
+        if str(name).startswith('slave') and isinstance(value, dict):
+            if value.get('state') == 'online' and int(value.get('lag', 0) or 0) <= REPLICA_MAX_LAG:
+                online += 1
+    entry = connection.hget(keys.primaries_key(), f'{current.run_id}:{info.get("master_replid", "")}')
+    first, expected = 0.0, 0
+    if entry:
+        try:
+            first_text, expected_text = _text(entry).split(' ', 1)
+            first, expected = float(first_text), int(expected_text)
+        except ValueError:
+            first, expected = 0.0, 0
+    expected = max(expected, online)
+    age = 0.0
+    if first:
+        seconds, micros = connection.time()  # type: ignore[misc]
+        age = max(0.0, min(float(current.uptime), float(seconds) + float(micros) / 1e6 - first))
+    return PrimaryState(role=role, age=age, first_seen=first, replicas_online=online, replicas_expected=expected)
 
 
 @dataclass(frozen=True)

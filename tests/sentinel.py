@@ -196,6 +196,8 @@ class SentinelTopology:
             for i in range(sentinels)
         ]
         self._frozen: set[int] = set()
+        #: ``time.monotonic()`` when the last failover's promotion was first seen.
+        self.promoted_at: float | None = None
 
     # -- start and stop --------------------------------------------------------------
 
@@ -337,18 +339,42 @@ class SentinelTopology:
     # -- faults ----------------------------------------------------------------------
 
     def failover(self, timeout: float = 20.0) -> tuple[EmbeddedServer, EmbeddedServer]:
-        """``SENTINEL FAILOVER``; return (old, new) once the sentinels name the new primary
-        and it answers as master. The old primary is converted to a replica later, when the
-        sentinels next look at it."""
+        """``SENTINEL FAILOVER``; return (old, new) once the new primary answers as master and
+        every sentinel names it to clients (``SENTINEL MASTERS``, what redis-py asks).
+        :attr:`promoted_at` is when the promotion was first seen. The old primary is
+        converted to a replica later, when the sentinels next look at it."""
         old = self.current_primary()
         with self.sentinels[0].client() as client:
             client.execute_command('SENTINEL', 'FAILOVER', MASTER_NAME)
-        new = _poll(
-            lambda: (p := self.primary_port()) is not None and p != old.port and self._answers_as_master(p),
-            timeout,
-            'the sentinels to promote the replica',
-        )
-        return old, self.server_on(int(new))
+        return old, self._wait_promoted(old, timeout)
+
+    def _wait_promoted(self, old: EmbeddedServer, timeout: float) -> EmbeddedServer:
+        """Wait until a server other than ``old`` answers as master and every sentinel names it."""
+        self.promoted_at = None
+
+        def promoted() -> int | None:
+            port = self.primary_port()
+            if port is None or port == old.port or not self._answers_as_master(port):
+                return None
+            if self.promoted_at is None:
+                self.promoted_at = time.monotonic()
+            return port if self.agreed_port() == port else None
+
+        port = _poll(promoted, timeout, 'the sentinels to promote a replica and agree on it', interval=0.02)
+        return self.server_on(int(port))
+
+    def agreed_port(self) -> int | None:
+        """The primary's port when every running sentinel's ``SENTINEL MASTERS`` names the same one."""
+        ports = set()
+        for sentinel in self.sentinels:
+            if sentinel.process is None or sentinel.process.poll() is not None:
+                continue
+            with sentinel.client() as client:
+                state = client.sentinel_master(MASTER_NAME)
+            if not state.get('is_master') or state.get('is_sdown') or state.get('is_odown'):
+                return None
+            ports.add(int(state['port']))
+        return ports.pop() if len(ports) == 1 else None
 
     def _answers_as_master(self, port: int) -> int | None:
         server = self.server_on(port)
@@ -384,13 +410,7 @@ class SentinelTopology:
         """
         old = self.current_primary()
         self.freeze(old)
-        new = _poll(
-            lambda: (p := self.primary_port()) is not None and p != old.port and self._answers_as_master(p),
-            timeout,
-            'the sentinels to promote the replica of a frozen primary',
-            interval=0.1,
-        )
-        return old, self.server_on(int(new))
+        return old, self._wait_promoted(old, timeout)
 
     @staticmethod
     def _signal(pid: int, sig: int) -> None:

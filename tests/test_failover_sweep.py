@@ -5,6 +5,7 @@ Real processes on loopback: a primary, a replica and three sentinels (``tests/se
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -16,9 +17,11 @@ from rq import Callback
 from rq.job import JobStatus
 
 from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch.embedded import EmbeddedServer
 from tests.conftest import wait_for
 from tests.leases import expire, start_job
 from tests.sentinel import SentinelTopology, sentinel_available
+from tests.test_cli import run
 
 from .conftest import SERVER_KINDS
 
@@ -50,6 +53,13 @@ def synced(primary: redis.Redis, replica: redis.Redis, key: str) -> bool:
     return caught_up and primary.exists(key) == replica.exists(key)
 
 
+def status(server: EmbeddedServer, *args: str) -> dict:
+    """``rq-epoch status --json`` (by URL, or with the connection options given)."""
+    result = run('status', *(args or ('-u', server.url)), '--grace', '3', '--json')
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 def test_a_sweep_on_a_replica_judges_nothing(topology: SentinelTopology) -> None:
     primary, replica = topology.primary.client(), topology.replica.client()
     queue = Queue('rep', connection=primary)
@@ -61,6 +71,12 @@ def test_a_sweep_on_a_replica_judges_nothing(topology: SentinelTopology) -> None
     # Nothing was judged: on the primary the lease is still there and the job still started.
     assert primary.zscore(keys.leases_key('rep'), member) is not None
     assert Job.fetch(job.id, connection=primary).get_status() == JobStatus.STARTED
+    # The command line says so too, even when told to be quiet, and writes nothing there.
+    result = run('sweep', '-u', topology.replica.url, '-q', 'rep', '--grace', '0', '--quiet')
+    assert result.exit_code == 0 and result.stdout == ''
+    assert 'nothing judged' in result.stderr and 'a replica' in result.stderr
+    doc = status(topology.replica)
+    assert (doc['server']['role'], doc['server']['state'], doc['restart_grace_left']) == ('slave', 'replica', None)
     on_primary = Sweeper(primary, restart_grace=0).sweep(['rep'])
     assert [(v.verdict, v.stalled) for v in on_primary.verdicts] == [('dead', 1)]
 
@@ -74,7 +90,7 @@ def test_the_restart_grace_counts_from_the_promotion_not_the_uptime(topology: Se
     wait_for(lambda: synced(old, replica, job.key), 10, what='the replica has the lease')
     wait_for(lambda: uptime(replica) >= 4, 10, what='the replica up for 4 s')
     _, promoted = topology.failover()
-    promoted_at = time.monotonic()
+    promoted_at = topology.promoted_at or time.monotonic()
     new = promoted.client()
     assert uptime(new) >= 4  # process uptime alone would let a 3 s grace pass at once
     expire(new, 'grace', member)
@@ -82,12 +98,21 @@ def test_the_restart_grace_counts_from_the_promotion_not_the_uptime(topology: Se
     first = sweeper.sweep(['grace'])
     assert [v.verdict for v in first.verdicts] == ['deferred']
     assert first.primary is not None and first.primary.is_primary and first.primary.age < 3
+    settings = topology.settings_module(topology.base_dir / 'settings')
+    doc = status(promoted, '-c', settings, '-P', str(topology.base_dir / 'settings'))  # through the sentinels
+    assert doc['server']['run_id'] == new.info('server')['run_id']
+    assert (doc['server']['role'], doc['server']['state']) == ('master', 'primary')
+    assert doc['server']['uptime'] >= 4 and doc['server']['primary_for'] < 3
+    assert 1 <= doc['restart_grace_left'] <= 3
+    text = run('status', '-u', promoted.url, '--grace', '3').stdout
+    assert 'primary for ' in text and 'restart grace: 3s' in text
     report = wait_for(lambda: (r := sweeper.sweep(['grace'])).total and r, 15, what='the grace to pass')
     waited = time.monotonic() - promoted_at
     assert [(v.verdict, v.lease_epoch) for v in report.verdicts] == [('exempt', stamp.decode())]
     assert report.primary is not None and report.primary.age >= 3
     assert waited >= 3
     assert Job.fetch(job.id, connection=new).stalled == 0
+    assert status(promoted)['restart_grace_left'] == 0
     # The epoch is recorded in the server, under the promoted process's run_id.
     run_id = new.info('server')['run_id']
     assert any(f.decode().startswith(run_id) for f in new.hkeys(keys.primaries_key()))
@@ -107,6 +132,13 @@ def test_a_demoted_primary_judges_nothing_before_the_sentinels_convert_it(topolo
     assert report.verdicts == [] and not report.judged
     assert old_client.zscore(keys.leases_key('split'), member) is not None
     assert Job.fetch(job.id, connection=old_client).stalled == 0
+    doc = status(old)
+    assert (doc['server']['role'], doc['server']['state'], doc['server']['replicas_expected']) == (
+        'master',
+        'isolated',
+        1,
+    )
+    assert 'ISOLATED' in run('status', '-u', old.url, '--grace', '0').stdout
 
 
 def test_counted_verdicts_no_replica_acknowledges_run_no_side_effects(topology: SentinelTopology) -> None:

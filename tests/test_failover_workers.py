@@ -167,7 +167,7 @@ def test_failover_mid_job_costs_nothing_and_the_worker_follows(fleet, tmp_path: 
     wait_for(lambda: lease_on(client, job, old.run_id()), 30, what='job running, lease on the first primary')
     old_run_id = old.run_id()
     _, new = f.topology.failover()
-    promoted = time.monotonic()
+    promoted = f.topology.promoted_at or time.monotonic()
     new_client, new_run_id = new.client(), new.run_id()
     wait_for(lambda: lease_on(new_client, job, new_run_id), 10, what='lease re-stamped on the new primary')
     reached = time.monotonic() - promoted
@@ -232,7 +232,7 @@ def test_frozen_primary_promoted_then_thawed_no_counted_stall_no_failure(fleet, 
     wait_for(lambda: lease_on(client, job, old.run_id()), 30, what='job running')
     frozen_at = time.monotonic()
     _, new = f.topology.freeze_until_promoted()
-    promoted = time.monotonic()
+    promoted = f.topology.promoted_at or time.monotonic()
     new_client, new_run_id = new.client(), new.run_id()
     wait_for(lambda: lease_on(new_client, job, new_run_id), 15, what='lease re-stamped on the new primary')
     reached = time.monotonic() - promoted
@@ -273,7 +273,7 @@ def test_failover_under_min_replicas_to_write_worker_survives_outcome_once(fleet
         return False
 
     wait_for(refuses_writes, 15, what='the old primary answering NOREPLICAS')  # once its replicas left
-    promoted = time.monotonic()
+    promoted = f.topology.promoted_at or time.monotonic()
     new_client, new_run_id = new.client(), new.run_id()
     wait_for(lambda: lease_on(new_client, job, new_run_id), 15, what='lease re-stamped on the new primary')
     reached = time.monotonic() - promoted
