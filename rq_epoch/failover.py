@@ -24,8 +24,8 @@ covered (RQ's own commands included):
   heartbeats once per interval, so its next heartbeat re-stamps its lease on the new
   primary. It logs one line per move: old and new address and run_id.
 
-The work-horse is a fork of the worker: it inherits the watch, and asks the sentinels before
-it records the job's outcome when the job ran longer than ``interval``.
+The work-horse is a fork of the worker: it inherits the watch, and asks the sentinels right
+before it records the job's outcome (:meth:`PrimaryWatch.refresh`).
 """
 
 from __future__ import annotations
@@ -186,6 +186,8 @@ class PrimaryWatch:
         self.moves = 0
         self.read_timeout_supported = True
         self._next_check = 0.0
+        #: ``time.monotonic()`` of the last question to the sentinels.
+        self.checked_at: float | None = None
         self._lock = threading.Lock()
         self._installed = False
         self._classes: dict[type, type] = {}
@@ -247,6 +249,16 @@ class PrimaryWatch:
         """Ask the sentinels before the next connection is handed out (after a connection error)."""
         self._next_check = 0.0
 
+    def refresh(self, max_age: float = 0.1) -> bool:
+        """Ask the sentinels now unless that was done in the last ``max_age`` seconds.
+
+        For the moment before an outcome is written: a work-horse whose job was short may
+        not have asked since the failover. Returns True when the primary moved.
+        """
+        if self.checked_at is not None and time.monotonic() - self.checked_at < max_age:
+            return False
+        return self.check(force=True)
+
     def moved_recently(self, within: float) -> bool:
         """Whether this process moved to a new primary in the last ``within`` seconds."""
         return self.moved_at is not None and time.monotonic() - self.moved_at < within
@@ -270,6 +282,7 @@ class PrimaryWatch:
             return False
         try:
             self._next_check = now + self.interval
+            self.checked_at = now
             try:
                 address = self._discover()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:

@@ -171,6 +171,11 @@ class Worker(RQWorker):
         )
         return watch.install(run_id)
 
+    def _follow_primary(self) -> None:
+        """Before an outcome is written: make sure this process talks to the current primary."""
+        if self.primary_watch is not None:
+            self.primary_watch.refresh()
+
     def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
         """RQ's handler, quiet and quick when the connection was closed to follow a new primary."""
         watch = self.primary_watch
@@ -396,6 +401,7 @@ class Worker(RQWorker):
         give_up = time.monotonic() + self.outcome_retry_limit
         delay = 0.1
         attempt = 0
+        self._follow_primary()
         while True:
             try:
                 if attempt and not idempotent and self._outcome_landed(job):

@@ -250,6 +250,32 @@ def test_frozen_primary_promoted_then_thawed_no_counted_stall_no_failure(fleet, 
           f're-stamped its lease on the new primary {reached:.2f}s after the promotion')  # fmt: skip
 
 
+def test_outcome_right_after_a_failover_is_recorded_on_the_new_primary(fleet, tmp_path: Path) -> None:
+    """The work-horse asks the sentinels before it records the outcome, however recently it asked.
+
+    With a 10 s heartbeat the worker asks the sentinels every 5 s; the job ends as soon as the
+    promotion is seen, long before that: its outcome must still land on the new primary.
+    """
+    f = fleet()
+    old = f.topology.current_primary()
+    client = old.client()
+    queue = Queue('out', connection=client)
+    log = tmp_path / 'log'
+    release = tmp_path / 'release'
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'o', str(release))
+    worker = f.worker('out', env={'RQ_EPOCH_HEARTBEAT_INTERVAL': '10', 'RQ_EPOCH_RESTART_GRACE': '20'})
+    wait_for(lambda: lease_on(client, job, old.run_id()), 30, what='job running')
+    _, new = f.topology.failover()
+    release.touch()
+    new_client = new.client()
+    wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 15, what='outcome on the new primary')
+    assert executions(log, 'o') == (1, 1)
+    job = Job.fetch(job.id, connection=new_client)
+    assert len(job.results()) == 1 and job.stalled == 0
+    assert new_client.zcard(keys.leases_key('out')) == 0
+    assert worker.proc.poll() is None
+
+
 def test_failover_under_min_replicas_to_write_worker_survives_outcome_once(fleet, tmp_path: Path) -> None:
     guard = {'min-replicas-to-write': '1', 'min-replicas-max-lag': '10'}
     f = fleet(replicas=2, primary_config=guard, replica_config=guard)
