@@ -335,9 +335,11 @@ class Sweeper:
         if not names:  # no script call will read the epoch: check it here
             current = read_epoch(self.connection, with_role=False)
             report.run_id, report.uptime = current.run_id, current.uptime
-        for name in names:
-            report.queues.append(name)
-            self._sweep_queue(name, report, dry_run, progress)
+        if names:
+            with self._pinned() as client:
+                for name in names:
+                    report.queues.append(name)
+                    self._sweep_queue(name, report, dry_run, progress, client)
         if not dry_run:
             if report.judged and not report.unconfirmed:
                 self.finish_dead_letters(report)
@@ -351,16 +353,20 @@ class Sweeper:
         return report
 
     def _sweep_queue(
-        self, name: str, report: SweepReport, dry_run: bool, progress: Callable[[int], None] | None
+        self,
+        name: str,
+        report: SweepReport,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+        client: Redis | None = None,
     ) -> None:
         offset = 0
         # Every call that judges anything removes what it judged, so this ends; the
         # bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
-            with self._pinned() as client:
-                verdicts, more = self._call(name, dry_run, offset, client)
-                if not dry_run and not self._confirmed(client, verdicts):
-                    report.unconfirmed += 1
+            verdicts, more = self._call(name, dry_run, offset, client)
+            if not dry_run and not self._confirmed(client or self.connection, verdicts):
+                report.unconfirmed += 1
             report.run_id, report.uptime = self._last_run_id, self._last_uptime
             report.primary = self._last_primary
             report.verdicts.extend(verdicts)
@@ -379,7 +385,8 @@ class Sweeper:
 
     @contextmanager
     def _pinned(self) -> Iterator[Redis]:
-        """A client that keeps one connection of the pool, so that ``WAIT`` follows the script's writes."""
+        """A client that keeps one connection of the pool for a whole sweep, so that ``WAIT`` follows
+        the script's writes on the same connection."""
         client = redis.Redis(connection_pool=self.connection.connection_pool, single_connection_client=True)
         try:
             yield client
