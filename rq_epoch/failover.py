@@ -19,8 +19,9 @@ covered (RQ's own commands included):
   a demoted primary, which stays a writable master until the sentinels convert it (seconds
   later), and whatever is written there is lost at its resync. The watch asks the sentinels
   at most every ``interval`` seconds, just before a connection is handed out (at once after
-  a connection error), and when the primary moved it closes every connection of the pool,
-  in use or idle (the pubsub one too), so that each reconnects to the new primary. A worker
+  a connection error), and when the primary moved it closes the pool's idle connections and
+  shuts down the sockets of those in use (the pubsub thread's), so that each reconnects to
+  the new primary. A worker
   heartbeats once per interval, so its next heartbeat re-stamps its lease on the new
   primary. It logs one line per move: old and new address and run_id.
 
@@ -34,6 +35,7 @@ import inspect
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -148,6 +150,14 @@ class _WatchedConnection:
             watch.expedite()
             self.disconnect()  # type: ignore[attr-defined]
             raise ServerOutageError(str(exc)) from exc
+        except redis.exceptions.RedisError:
+            raise
+        except BaseException:
+            # Interrupted mid-read (a signal handler raised: RQ's warm shutdown, a job timeout).
+            # The reply is still on its way: the connection must not be used again, and
+            # redis-py's Sentinel connection does not drop it by itself.
+            self.disconnect()  # type: ignore[attr-defined]
+            raise
 
 
 class PrimaryWatch:
@@ -294,9 +304,12 @@ class PrimaryWatch:
             old, self.address = self.address, address
             self.moved_at = time.monotonic()
             self.moves += 1
-            # Idle connections were closed by the pool when it saw the new address; close
-            # the ones in use too (the pubsub thread's), so that they reconnect there.
-            self.pool.disconnect(inuse_connections=True)
+            # Idle connections were closed by the pool when it saw the new address. The ones
+            # in use belong to other threads (the pubsub thread): shut their sockets down
+            # without closing them, so that the thread reads an end of stream, reconnects
+            # (through the sentinels, to the new primary) and subscribes again.
+            self.pool.disconnect(inuse_connections=False)
+            self._shut_down_in_use()
             old_run_id, self.run_id = self.run_id, self._read_run_id()
             level = logging.WARNING if os.getpid() == self.pid else logging.DEBUG
             self.log.log(
@@ -313,6 +326,16 @@ class PrimaryWatch:
             return True
         finally:
             self._lock.release()
+
+    def _shut_down_in_use(self) -> None:
+        for connection in list(getattr(self.pool, '_in_use_connections', ())):
+            sock = getattr(connection, '_sock', None)
+            if sock is None:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _read_run_id(self) -> str | None:
         try:

@@ -244,6 +244,33 @@ class SentinelTopology:
 
         _poll(known, timeout, 'every sentinel to know the replica and its peers', interval=0.1)
 
+    def ready(self) -> bool:
+        """One look (no wait): a primary named by every sentinel, every other server its replica in
+        sync, nothing frozen. A failover asked for when this is False may be refused (NOGOODSLAVE)."""
+        try:
+            port = self.agreed_port()
+            if port is None or self._frozen:
+                return False
+            for server in self.servers:
+                with server.client(socket_timeout=2) as client:
+                    info = client.info('replication')
+                if server.port == port:
+                    if info.get('role') != 'master':
+                        return False
+                elif info.get('role') != 'slave' or info.get('master_link_status') != 'up':
+                    return False
+                elif int(info.get('master_port', 0)) != port:
+                    return False
+            return True
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+            return False
+
+    @property
+    def pids(self) -> list[int]:
+        """PIDs of every process of this topology that is running."""
+        procs = [s.process for s in self.servers] + [s.process for s in self.sentinels]
+        return [p.pid for p in procs if p is not None and p.poll() is None]
+
     def close(self) -> None:
         """Stop every process this topology started, by PID (frozen ones are continued first)."""
         for pid in list(self._frozen):

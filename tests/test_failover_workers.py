@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from rq.command import send_shutdown_command
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
@@ -182,9 +183,14 @@ def test_failover_mid_job_costs_nothing_and_the_worker_follows(fleet, tmp_path: 
     lines = moved_lines(worker)
     assert len(lines) == 1 and old_run_id in lines[0] and new_run_id in lines[0], worker.output()
     assert f':{new.port} ' in lines[0] and f':{old.port} ' in lines[0]
-    # Every connection of the worker is on the new primary (sentinels aside).
+    # Every connection of the worker is on the new primary (sentinels aside), its pubsub one too:
+    # a command published there reaches it (the old primary is still a master of its own).
     ports = {p for p in server_ports(worker.pid) if p in (old.port, new.port)}
     assert ports == {new.port}
+    assert f.topology.role(old) == 'master'
+    send_shutdown_command(new_client, job.worker_name)
+    wait_for(lambda: worker.proc.poll() is not None, 15, what='the worker to obey a command sent on the new primary')
+    assert worker.proc.returncode == 0 and 'pubsub thread exiting' not in worker.output()
     print(f'\n[{f.topology.kind}] failover mid-job: worker re-stamped its lease on the new primary {reached:.2f}s '
           'after the promotion')  # fmt: skip
 
