@@ -7,12 +7,13 @@ that keeps killing its workers.
 """
 
 from .epoch import is_counted, is_exempt, is_valid_run_id
-from .errors import ConfigurationError, EpochUnavailableError, RqEpochError, StalledJobError
+from .errors import ConfigurationError, EpochUnavailableError, RqEpochError, ServerOutageError, StalledJobError
+from .failover import PrimaryWatch
 from .job import Job
 from .queue import Queue
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
-from .sweep import LeaseVerdict, ServerEpoch, Sweeper, SweepReport, read_epoch
+from .sweep import LeaseVerdict, PrimaryState, ServerEpoch, Sweeper, SweepReport, read_epoch, read_primary_state
 from .worker import Worker
 
 __version__ = '0.1.0'
@@ -23,9 +24,12 @@ __all__ = [
     'EpochUnavailableError',
     'Job',
     'LeaseVerdict',
+    'PrimaryState',
+    'PrimaryWatch',
     'Queue',
     'RqEpochError',
     'ServerEpoch',
+    'ServerOutageError',
     'StalledJobError',
     'StartedJobRegistry',
     'SweepReport',
@@ -35,4 +39,5 @@ __all__ = [
     'is_exempt',
     'is_valid_run_id',
     'read_epoch',
+    'read_primary_state',
 ]
