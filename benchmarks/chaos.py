@@ -161,7 +161,12 @@ class Config:
         """
         if self.drain is not None:
             return self.drain
-        return self.max_stalled * (self.lease(side) + 2 * self.sweep_interval) + self.max_seconds + 30
+        base = self.max_stalled * (self.lease(side) + 2 * self.sweep_interval) + self.max_seconds + 30
+        if self.topology == 'sentinel':
+            # Each failover can leave a backlog: with min-replicas-to-write, the new primary takes
+            # no write until the old one has rejoined as its replica (10-20 s).
+            base += 20 * (self.failovers + self.primary_freezes)
+        return base
 
     def command(self) -> str:
         """The command line that reproduces this run."""
@@ -1470,8 +1475,9 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
             f'{r["restarts_crash"]} kill -9), {_n(r["kills"], "kill")}, {_n(r["freezes"], "freeze")}'
         )
         if cfg.topology == 'sentinel':
+            primaries = 'frozen primary' if r['primary_freezes'] == 1 else 'frozen primaries'
             faults = (
-                f'{_n(r["failovers"], "failover")}, {_n(r["primary_freezes"], "frozen primary")}, '
+                f'{_n(r["failovers"], "failover")}, {r["primary_freezes"]} {primaries}, '
                 f'{_n(r["kills"], "kill")}, {_n(r["freezes"], "freeze")}'
             )
         healthy_stalls = str(r['counted_stalls_healthy']) if result.side == EPOCH else 'n/a'
