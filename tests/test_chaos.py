@@ -90,6 +90,7 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     failover = events + [{'kind': 'failover', 't': 600.0}, {'kind': 'promoted', 't': 601.0}]
     assert explain(Attempt(1, 90, 9, 598.0, 603.0), 620.0, False, failover) == 'failover'
     assert explain(Attempt(1, 90, 9, 650.0, 651.0), 660.0, False, failover) == 'unexplained'
+    assert explain(Attempt(1, 90, 9, 601.0, 602.0), 601.5, False, failover) == 'failover'  # taken from the old one
     frozen = events + [
         {'kind': 'primary-freeze', 't': 700.0},
         {'kind': 'promoted', 't': 703.0},
