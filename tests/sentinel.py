@@ -371,9 +371,24 @@ class SentinelTopology:
         :attr:`promoted_at` is when the promotion was first seen. The old primary is
         converted to a replica later, when the sentinels next look at it."""
         old = self.current_primary()
-        with self.sentinels[0].client() as client:
-            client.execute_command('SENTINEL', 'FAILOVER', MASTER_NAME)
-        return old, self._wait_promoted(old, timeout)
+
+        def accepted() -> bool:
+            # Refused (NOGOODSLAVE) while the sentinel's last look at the replica (every 10 s)
+            # still shows it syncing; asked again until it is accepted.
+            with self.sentinels[0].client() as client:
+                try:
+                    return bool(client.execute_command('SENTINEL', 'FAILOVER', MASTER_NAME))
+                except redis.ResponseError as exc:
+                    if 'NOGOODSLAVE' in str(exc):
+                        return False
+                    raise
+
+        deadline = time.monotonic() + timeout
+        while not accepted():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'the sentinels found no replica to promote within {timeout}s')
+            time.sleep(0.25)
+        return old, self._wait_promoted(old, max(1.0, deadline - time.monotonic()))
 
     def _wait_promoted(self, old: EmbeddedServer, timeout: float) -> EmbeddedServer:
         """Wait until a server other than ``old`` answers as master and every sentinel names it."""

@@ -160,3 +160,26 @@ def test_counted_verdicts_no_replica_acknowledges_run_no_side_effects(topology: 
     assert later.finished == [job.id] and later.unconfirmed == 0
     assert primary.llen(f'test:on_failure:{job.id}') == 1
     assert len(Job.fetch(job.id, connection=primary).results()) == 1
+
+
+def test_a_primary_promoted_again_defers_its_own_earlier_stamps_during_the_grace(topology: SentinelTopology) -> None:
+    """A, then B, then A again: a lease A stamped in its first term is not counted at once in its second."""
+    first_term = topology.primary.client()
+    queue = Queue('again', connection=first_term)
+    job, member = start_job(first_term, queue, expired=False)
+    stamp = first_term.hget(job.key, 'lease_epoch')
+    Sweeper(first_term, restart_grace=3).sweep(['again'])  # records A's first term
+    topology.failover()  # A -> B
+    topology.wait_ready(30)  # A is B's replica, in sync
+    _, back = topology.failover()  # B -> A
+    assert back.port == topology.primary.port
+    client = back.client()
+    assert client.hget(job.key, 'lease_epoch') == stamp == client.info('server')['run_id'].encode()
+    expire(client, 'again', member)
+    sweeper = Sweeper(client, restart_grace=3)
+    first = sweeper.sweep(['again'])
+    assert [v.verdict for v in first.verdicts] == ['deferred']  # not counted: the stamp is from A's first term
+    assert Job.fetch(job.id, connection=client).stalled == 0
+    report = wait_for(lambda: (r := sweeper.sweep(['again'])).total and r, 15, what='the grace to pass')
+    # After the grace a live worker would have stamped it again; this one's worker is gone.
+    assert [v.verdict for v in report.verdicts] == ['recovered']

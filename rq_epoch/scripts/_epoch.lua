@@ -47,11 +47,15 @@ end
 --   state.expected  most replicas seen online while this process has been primary
 --   state.isolated  true when replicas were seen in this epoch and none is online now: a
 --                   demoted or cut-off primary, whose writes no replica will keep
+--   state.returning true when this process was primary before, under another replication
+--                   id (demoted, then promoted again): a lease stamped with its run_id may
+--                   date from that earlier term, so during the grace it waits like one
+--                   stamped by another process
 
 local function primary_epoch(run_id, uptime, now, key, write)
   local info = redis.call('INFO', 'replication')
   local state = {role = string.match(info, 'role:(%w+)') or '', age = 0, first = 0, online = 0,
-                 expected = 0, isolated = false}
+                 expected = 0, isolated = false, returning = false}
   if state.role ~= 'master' then return state end
   local online = 0
   for line in string.gmatch(info, 'slave%d+:([^\r\n]*)') do
@@ -83,6 +87,10 @@ local function primary_epoch(run_id, uptime, now, key, write)
   end
   state.online, state.expected = online, expected
   state.isolated = expected > 0 and online == 0
+  local own = run_id .. ':'
+  for _, other in ipairs(redis.call('HKEYS', key)) do
+    if other ~= field and string.sub(other, 1, #own) == own then state.returning = true end
+  end
   if first then
     state.first = first
     local age = now - first

@@ -42,6 +42,8 @@
 -- The restart grace counts from when this server process began serving the dataset as
 -- primary (restart or promotion), as recorded in <prefix>:epoch:primaries (see
 -- primary_epoch in _epoch.lua), not from its uptime: a promoted replica has been up long.
+-- A process that was primary before (demoted, then promoted again) also defers leases
+-- stamped with its own run_id during the grace: they may date from its earlier term.
 -- A server that is not a primary, or a primary that had replicas in its epoch and has
 -- none online now (demoted or cut off), judges nothing: no verdict, no write.
 --
@@ -170,6 +172,10 @@ local function judge(member, stock)
   end
 
   local counted = (not never_started) and epoch and epoch == run_id
+  if counted and primary.returning and primary.age < grace then
+    -- This process was primary before: the stamp may date from that earlier term.
+    return record(member, job_id, 'deferred', stalled, max_stalled, epoch, origin)
+  end
   if not counted then
     if primary.age < grace then
       return record(member, job_id, 'deferred', stalled, max_stalled, epoch, origin)
