@@ -1741,7 +1741,10 @@ def sweeper_main(argv: Sequence[str]) -> int:
                 if unreachable:
                     records.append({'event': 'server back'})
                 unreachable = False
-            except _SERVER_ERRORS as exc:
+            except (*_SERVER_ERRORS, redis.exceptions.ResponseError) as exc:
+                if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
+                    raise
+                # Unreachable, or cannot take writes now (NOREPLICAS, READONLY...): as cron, try later.
                 records = [] if unreachable else [{'event': 'server unreachable', 'error': str(exc)}]
                 unreachable = True
             for record in records:
