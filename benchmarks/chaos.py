@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -729,6 +729,14 @@ class JobAudit:
     results: int
     failure: str
     where: str
+    #: Results written by a worker's execution (RQ records the worker's name on them);
+    #: a sweep's dead letter and stock's abandoned-job failure carry none.
+    worker_results: int = 0
+
+    @property
+    def stale_outcomes(self) -> int:
+        """Outcomes that landed from an execution other than the one that ended the job."""
+        return max(0, self.worker_results - (1 if self.state == 'finished' else 0))
 
     @property
     def executions(self) -> int:
@@ -748,6 +756,8 @@ class SideResult:
     histories: dict[str, list[str]]
     notes: list[str]
     max_stalled: int
+    #: Outcomes the fence refused (rq-epoch's per-queue counter; 0 for stock).
+    refused: int = 0
 
     def row(self) -> dict[str, Any]:
         """The audit table's row, as numbers and short texts."""
@@ -788,6 +798,8 @@ class SideResult:
             'uncounted_recoveries': sum(j.exempt for j in self.jobs),
             'callbacks_run': sum(j.callbacks for j in self.jobs),
             'jobs_with_two_outcomes': sum(1 for j in self.jobs if j.results > 1),
+            'stale_outcomes_landed': sum(j.stale_outcomes for j in self.jobs),
+            'stale_outcomes_refused': self.refused,
             'restarts': len(restarts),
             'restarts_crash': sum(1 for e in restarts if e.get('crash')),
             'kills': events['kill'],
@@ -1264,12 +1276,13 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
             )
             if spec.id in members
         )
-        results, failure = 0, ''
+        results, worker_results, failure = 0, 0, ''
         if raw:
             try:
                 job = job_class.fetch(spec.id, connection=client)
                 found = job.results()
                 results = len(found)
+                worker_results = sum(1 for r in found if getattr(r, 'worker_name', ''))
                 latest = found[0] if found else None
                 if status == 'failed':
                     failure = _text(getattr(latest, 'exc_string', '') or job.exc_info or '').strip()
@@ -1314,6 +1327,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
                 results=results,
                 failure=failure,
                 where=where,
+                worker_results=worker_results,
             )
         )
     violations: list[str] = []
@@ -1325,7 +1339,8 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         violations = check_invariants(jobs, cfg)
         for job_id in sorted({v.split(':', 1)[0] for v in violations}):
             histories[job_id] = job_history(job_id, client, run, jobs, ledger_lines, events)
-    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled)
+    refused = int(client.hget(keys.stats_key(QUEUE), 'refused') or 0)
+    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused)
 
 
 def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
@@ -1362,6 +1377,8 @@ def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
                     f'{job.id}: ran again after execution {attempt.n} (worker {attempt.ppid}) without a kill or '
                     f'freeze of its worker ({attempt.reason})'
                 )
+        if job.stale_outcomes:
+            out.append(f'{job.id}: {job.stale_outcomes} outcome(s) of a superseded execution landed')
         if job.kind == 'healthy':
             hits = sum(1 for a in job.attempts[:-1] if a.reason in ('kill', 'freeze'))
             if job.stalled > hits:
@@ -1466,8 +1483,9 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
     lines += [
         '',
         '| side | faults applied | worker exits (not by the harness) | counted stalls of healthy jobs '
-        '| uncounted recoveries | on_failure callbacks run | jobs with two outcomes recorded |',
-        '|' + '---|' * 7,
+        '| uncounted recoveries | on_failure callbacks run | jobs with two outcomes recorded '
+        '| stale outcomes landed (refused) |',
+        '|' + '---|' * 8,
     ]
     for result in results:
         r = result.row()
@@ -1485,7 +1503,8 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
         recoveries = str(r['uncounted_recoveries']) if result.side == EPOCH else 'n/a'
         lines.append(
             f'| {result.side} | {faults} | {r["worker_exits_own"]} | {healthy_stalls} | {recoveries} '
-            f'| {r["callbacks_run"]} | {r["jobs_with_two_outcomes"]} |'
+            f'| {r["callbacks_run"]} | {r["jobs_with_two_outcomes"]} '
+            f'| {r["stale_outcomes_landed"]} ({r["stale_outcomes_refused"] if result.side == EPOCH else "n/a"}) |'
         )
     return '\n'.join(lines)
 
@@ -1546,7 +1565,7 @@ def to_json(results: Sequence[SideResult], cfg: Config) -> dict[str, Any]:
         'config': {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
         'freeze_seconds': cfg.freeze_seconds,
         'rq': rq.__version__,
-        'date': datetime.now(UTC).strftime('%Y-%m-%d'),
+        'date': datetime.now(timezone.utc).strftime('%Y-%m-%d'),
         'faults': [asdict(f) for f in plan.faults],
         'sides': {
             r.side: {

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +278,7 @@ def _cell(value: Any) -> str:
 def environment(conn: redis.Redis | None = None) -> dict[str, Any]:
     """Where and when a run happened: versions, cores, load."""
     env: dict[str, Any] = {
-        'date_utc': datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ'),
+        'date_utc': datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ'),
         'python': platform.python_version(),
         'rq': rq.__version__ if hasattr(rq, '__version__') else rq.VERSION,
         'rq_epoch': rq_epoch.__version__,

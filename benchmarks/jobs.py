@@ -28,3 +28,13 @@ def on_failure_count(job: Any, connection: Any, *exc_info: Any) -> None:
     """A failure callback that costs nothing but proves it ran."""
     global FAILURE_CALLBACKS
     FAILURE_CALLBACKS += 1
+
+
+def record_start_then_sleep(path: str, seconds: float) -> float:
+    """Append ``<unix time> <pid> <ppid>`` to ``path`` at the start, then sleep."""
+    import os
+
+    with open(path, 'a', encoding='utf-8') as fh:
+        fh.write(f'{time.time():.3f} {os.getpid()} {os.getppid()}\n')
+    time.sleep(seconds)
+    return seconds

@@ -10,7 +10,13 @@ exempt        rq-epoch     stamped by another server process: requeued, not coun
 recovered     rq-epoch     stamped by this process, stall budget left: counted, requeued
 stock-fail    stock        no retry: failed, failure Result, callback, dependents
 dead          rq-epoch     stamped by this process, ``max_stalled=1``: the same side effects
+floor         floor        as ``exempt``, cleaned by :data:`FLOOR_SCRIPT`: only the essential
+                           writes of an uncounted requeue, the same batches
 ============  ===========  ==============================================================
+
+The floor is what no sweep can go below with RQ's bookkeeping: per lease, read the job's
+status and stamp, drop the lease, RQ's ``wip`` entry and the execution records, set the
+status to queued and push the job back; per call, read the run_id once.
 
 Every job has an ``on_failure`` callback; in the failing cases one job in ten has a
 dependent with ``allow_failure``, which each side must enqueue. Each case runs on a flushed
@@ -28,7 +34,7 @@ import redis
 from rq.registry import FailedJobRegistry
 from rq.registry import StartedJobRegistry as StockStartedJobRegistry
 
-from rq_epoch import Sweeper
+from rq_epoch import Sweeper, keys
 
 from . import jobs as job_functions
 from .common import EPOCH, STOCK, command_delta, commandstats, count_traffic, timed
@@ -51,12 +57,44 @@ class Case:
     max_stalled: int = 3
 
 
+FLOOR = 'floor'
+
+#: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
+#: key prefix, queue name, batch). Returns the number of leases it requeued.
+FLOOR_SCRIPT = """
+local info = redis.call('INFO', 'server')
+local run_id = string.match(info, 'run_id:([0-9a-f]+)')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local prefix, queue = ARGV[1], ARGV[2]
+local queue_key = prefix .. ':queue:' .. queue
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+for _, member in ipairs(members) do
+  local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+  local job_key = prefix .. ':job:' .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch')
+  if f[1] == 'started' and f[2] ~= run_id then
+    redis.call('ZREM', KEYS[1], member)
+    redis.call('ZREM', KEYS[2], member)
+    local execution_key = prefix .. ':execution:' .. member
+    local worker = redis.call('HGET', execution_key, 'worker_name')
+    redis.call('DEL', execution_key)
+    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+    if worker then redis.call('SREM', prefix .. ':worker:' .. worker .. ':executions', member) end
+    redis.call('HSET', job_key, 'status', 'queued')
+    redis.call('LPUSH', queue_key, job_id)
+  end
+end
+return #members
+"""
+
 CASES: dict[str, Case] = {
     'stock-retry': Case('stock-retry', STOCK, requeue=True),
     'exempt': Case('exempt', EPOCH, requeue=True, stamp=OTHER_EPOCH),
     'recovered': Case('recovered', EPOCH, requeue=True, max_stalled=3),
     'stock-fail': Case('stock-fail', STOCK, requeue=False),
     'dead': Case('dead', EPOCH, requeue=False, max_stalled=1),
+    FLOOR: Case(FLOOR, FLOOR, requeue=True, stamp=OTHER_EPOCH),
 }
 #: The stock case each rq-epoch case is compared with.
 BASELINE = {'exempt': 'stock-retry', 'recovered': 'stock-retry', 'dead': 'stock-fail'}
@@ -97,7 +135,7 @@ def prepare(conn: redis.Redis, case: Case, n: int) -> JobSet:
     jobs = enqueue_jobs(
         conn, QUEUE, n, retry=case.requeue, on_failure=True, dependents_every=0 if case.requeue else DEPENDENTS_EVERY
     )
-    start_jobs(conn, jobs, case.side, stamp=case.stamp)
+    start_jobs(conn, jobs, EPOCH if case.side == FLOOR else case.side, stamp=case.stamp)
     return jobs
 
 
@@ -110,6 +148,17 @@ def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Cal
     """
     if case.side == STOCK:
         return lambda: StockStartedJobRegistry(QUEUE, connection=conn).cleanup()
+    if case.side == FLOOR:
+        floor = conn.register_script(FLOOR_SCRIPT)
+        batch = batch_size or Sweeper(conn).settings.batch_size
+        lease_keys = [keys.leases_key(QUEUE), keys.wip_key(QUEUE)]
+
+        def requeue_all() -> None:
+            for _ in range(10_000_000):
+                if int(floor(keys=lease_keys, args=[keys.PREFIX, QUEUE, batch])) < batch:
+                    break
+
+        return requeue_all
     sweeper = Sweeper(conn, max_stalled=case.max_stalled, restart_grace=0, batch_size=batch_size)
 
     def sweep() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .common import STOCK, parser, quiet_logging, ratio, server, server_version, table, write_results
-from .scenarios import BASELINE, CASES, DEAD_CASES, REQUEUE_CASES, Outcome, cases_in_order, run_case
+from .scenarios import BASELINE, CASES, DEAD_CASES, FLOOR, REQUEUE_CASES, Outcome, cases_in_order, run_case
 
 NAME = 'sweep_vs_cleanup'
 FULL_SIZES = (1_000, 10_000, 100_000)
@@ -25,6 +25,8 @@ QUICK_SIZES = (200,)
 #: Targets from the issue: speed-up over stock for requeue verdicts (N >= 10,000) and dead letters.
 REQUEUE_TARGET = 50.0
 DEAD_TARGET = 5.0
+#: rq-epoch's requeue verdicts may cost at most this much more than the floor per lease.
+FLOOR_TARGET = 1.3
 
 
 def target_for(case: str, n: int) -> float | None:
@@ -47,6 +49,7 @@ def run(kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float)
         last: dict[str, Outcome] = {}
         for n in sizes:
             done: dict[str, Outcome] = {}
+            pending: list[dict[str, Any]] = []
             for case in cases_in_order(cases):
                 estimate = _estimate(last.get(case), n)
                 if CASES[case].side == STOCK and estimate is not None and estimate > stock_limit:
@@ -55,6 +58,11 @@ def run(kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float)
                 outcome = run_case(conn, case, n)
                 done[case] = outcome
                 rows.append(_row(outcome, done.get(BASELINE.get(case, ''))))
+                if CASES[case].requeue and case != FLOOR:
+                    pending.append(rows[-1])
+            floor = done.get(FLOOR)
+            for row in pending:
+                _versus_floor(row, floor)
                 _progress(rows[-1])
             last.update(done)
     return {'server': server_name, 'sizes': list(sizes), 'rows': rows}
@@ -78,19 +86,33 @@ def _row(outcome: Outcome, baseline: Outcome | None) -> dict[str, Any]:
     return row
 
 
+def _versus_floor(row: dict[str, Any], floor: Outcome | None) -> None:
+    """Add the cost per lease as a ratio to the floor's, measured at the same size."""
+    if floor is None or not floor.n:
+        return
+    per_lease = row['seconds'] / row['n']
+    floor_per_lease = floor.seconds / floor.n
+    row['us_per_lease'] = round(per_lease * 1e6, 2)
+    row['floor_us_per_lease'] = round(floor_per_lease * 1e6, 2)
+    row['vs_floor'] = ratio(per_lease, floor_per_lease)
+    if row['side'] == 'rq-epoch':
+        row['floor_target'] = FLOOR_TARGET
+        row['floor_target_met'] = row['vs_floor'] is not None and row['vs_floor'] <= FLOOR_TARGET
+
+
 def _progress(row: dict[str, Any]) -> None:
     print(f'  n={row["n"]:>7,} {row["case"]:<12} {row["seconds"]:>9.3f}s  ok={row["ok"]}', flush=True)
 
 
 def render(rows: list[dict[str, Any]]) -> str:
     """The table printed at the end (and pasted into docs/performance.md)."""
-    headers = ['N', 'case', 'seconds', 'members/s', 'round trips', 'server cmds', 'speed-up', 'target', 'ok']
+    headers = [
+        'N', 'case', 'seconds', 'µs/lease', 'round trips', 'server cmds', 'speed-up', 'target', '× floor', 'ok'
+    ]
     body = []
     for r in rows:
         if r.get('skipped'):
-            body.append(
-                [r['n'], r['case'], f'not run (~{r["estimated_seconds"]}s est.)', None, None, None, None, None, None]
-            )
+            body.append([r['n'], r['case'], f'not run (~{r["estimated_seconds"]}s est.)', *[None] * 7])
             continue
         target = (
             None
@@ -98,16 +120,22 @@ def render(rows: list[dict[str, Any]]) -> str:
             else f'≥{r["target_speedup"]:g}× {"met" if r["target_met"] else "MISSED"}'
         )
         speedup = None if r['speedup'] is None else f'{r["speedup"]:g}×'
+        floor = None
+        if r.get('vs_floor') is not None:
+            floor = f'{r["vs_floor"]:g}×'
+            if 'floor_target_met' in r:
+                floor += f' (≤{FLOOR_TARGET:g}× {"met" if r["floor_target_met"] else "MISSED"})'
         body.append(
             [
                 r['n'],
                 r['case'],
                 r['seconds'],
-                r['members_per_second'],
+                round(r['seconds'] / r['n'] * 1e6, 1),
                 r['round_trips'],
                 r['server_commands'],
                 speedup,
                 target,
+                floor,
                 'yes' if r['ok'] else 'NO',
             ]
         )
@@ -122,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help='comma-separated sizes (default 1000,10000,100000; quick 200)',
     )
-    p.add_argument('--cases', default=','.join(REQUEUE_CASES + DEAD_CASES), help='comma-separated cases')
+    p.add_argument('--cases', default=','.join((*REQUEUE_CASES, FLOOR, *DEAD_CASES)), help='comma-separated cases')
     p.add_argument('--stock-limit', type=float, default=180.0, help='skip a stock case estimated to take longer (s)')
     args = p.parse_args(argv)
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)

@@ -7,6 +7,12 @@ falls on both sides alike). Both
 run with their defaults. Two rates per run: over the worker process's whole life (start-up
 included), and from the first job's start to the last job's end (the steady rate).
 
+Round trips are counted by the server: ``total_reads_processed`` (one read event per
+request the worker sends, a pipeline or a MULTI/EXEC being one request) and
+``total_commands_processed`` from ``INFO stats``, before and after the run, per job. A
+fenced commit is RQ's own outcome transaction carried by one script call, so it should
+show no more reads per job than stock.
+
 rq-epoch has no worker that runs jobs in-process (like RQ's ``SimpleWorker``), so only
 the forking workers are compared.
 
@@ -74,6 +80,7 @@ def one_run(
     conn.flushall()
     jobs = enqueue_jobs(conn, QUEUE, n, on_failure=False)
     log = log_dir / f'{index}-{side}.log'
+    before = conn.info('stats')
     start = time.perf_counter()
     with open(log, 'wb') as fh:
         proc = subprocess.Popen(worker_argv(url, side), cwd=ROOT, env=worker_env(), stdout=fh, stderr=subprocess.STDOUT)
@@ -84,6 +91,7 @@ def one_run(
             proc.wait(10)
             rc = -1
     wall = time.perf_counter() - start
+    after = conn.info('stats')
     finished = FinishedJobRegistry(QUEUE, connection=conn).count
     steady = steady_seconds(conn, jobs.job_ids)
     return {
@@ -97,6 +105,9 @@ def one_run(
         'steady_seconds': round(steady, 3),
         'jobs_per_second': round(n / wall, 1),
         'steady_jobs_per_second': round(n / steady, 1) if steady else None,
+        # The two INFO calls add one read and one command each.
+        'reads_per_job': round((after['total_reads_processed'] - before['total_reads_processed'] - 1) / n, 2),
+        'commands_per_job': round((after['total_commands_processed'] - before['total_commands_processed'] - 1) / n, 2),
     }
 
 
@@ -108,6 +119,8 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out[side] = {
             'jobs_per_second': round(mean(r['jobs_per_second'] for r in mine), 1),
             'steady_jobs_per_second': round(mean(r['steady_jobs_per_second'] or 0 for r in mine), 1),
+            'reads_per_job': round(mean(r['reads_per_job'] for r in mine), 2),
+            'commands_per_job': round(mean(r['commands_per_job'] for r in mine), 2),
         }
     out['ratio'] = ratio(out[EPOCH]['jobs_per_second'], out[STOCK]['jobs_per_second'])
     out['steady_ratio'] = ratio(out[EPOCH]['steady_jobs_per_second'], out[STOCK]['steady_jobs_per_second'])
@@ -117,14 +130,35 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render(runs: list[dict[str, Any]], totals: dict[str, Any]) -> str:
-    headers = ['run', 'worker', 'jobs', 'wall s', 'jobs/s', 'steady jobs/s', 'ok']
+    headers = ['run', 'worker', 'jobs', 'wall s', 'jobs/s', 'steady jobs/s', 'reads/job', 'cmds/job', 'ok']
     body: list[list[Any]] = [
-        [i + 1, r['side'], r['n'], r['wall_seconds'], r['jobs_per_second'], r['steady_jobs_per_second'], r['ok']]
+        [
+            i + 1,
+            r['side'],
+            r['n'],
+            r['wall_seconds'],
+            r['jobs_per_second'],
+            r['steady_jobs_per_second'],
+            r['reads_per_job'],
+            r['commands_per_job'],
+            r['ok'],
+        ]
         for i, r in enumerate(runs)
     ]
     for side in (STOCK, EPOCH):
+        t = totals[side]
         body.append(
-            ['mean', side, None, None, totals[side]['jobs_per_second'], totals[side]['steady_jobs_per_second'], None]
+            [
+                'mean',
+                side,
+                None,
+                None,
+                t['jobs_per_second'],
+                t['steady_jobs_per_second'],
+                t['reads_per_job'],
+                t['commands_per_job'],
+                None,
+            ]
         )
     body.append(
         [
@@ -134,6 +168,8 @@ def render(runs: list[dict[str, Any]], totals: dict[str, Any]) -> str:
             None,
             totals['ratio'],
             totals['steady_ratio'],
+            None,
+            None,
             f'target ≥{TARGET}: {"met" if totals["target_met"] else "MISSED"}',
         ]
     )

@@ -7,8 +7,16 @@ that keeps killing its workers.
 """
 
 from .epoch import is_counted, is_exempt, is_valid_run_id
-from .errors import ConfigurationError, EpochUnavailableError, RqEpochError, ServerOutageError, StalledJobError
+from .errors import (
+    ConfigurationError,
+    EpochUnavailableError,
+    OutcomeRefused,
+    RqEpochError,
+    ServerOutageError,
+    StalledJobError,
+)
 from .failover import PrimaryWatch
+from .fence import Fence
 from .job import Job
 from .queue import Queue
 from .registry import StartedJobRegistry
@@ -16,14 +24,16 @@ from .settings import EpochSettings
 from .sweep import LeaseVerdict, PrimaryState, ServerEpoch, Sweeper, SweepReport, read_epoch, read_primary_state
 from .worker import Worker
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 
 __all__ = [
     'ConfigurationError',
     'EpochSettings',
     'EpochUnavailableError',
+    'Fence',
     'Job',
     'LeaseVerdict',
+    'OutcomeRefused',
     'PrimaryState',
     'PrimaryWatch',
     'Queue',

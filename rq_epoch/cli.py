@@ -1,4 +1,5 @@
-"""The ``rq-epoch`` command: ``sweep`` for cron, ``status`` to look, ``demo`` to see it work.
+"""The ``rq-epoch`` command: ``sweep`` for cron, ``status`` to look, ``exporter`` for Prometheus,
+``demo`` to see it work.
 
 Connection options are RQ's own (``--url/-u`` and ``RQ_REDIS_URL``, ``--config/-c`` with
 ``REDIS_URL`` or a ``SENTINEL`` dict, ``--connection-class``, ``--path/-P``,
@@ -30,7 +31,9 @@ from rq.utils import import_attribute
 
 from . import __version__, keys
 from .errors import ConfigurationError, RqEpochError
-from .job import Job
+from .job import Job, stalled_count
+from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
+from .metrics import DEFAULT_SCAN_LIMIT
 from .settings import EpochSettings
 from .sweep import (
     VERDICTS,
@@ -463,13 +466,29 @@ def format_verdict(v: LeaseVerdict) -> str:
 )
 @click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
 @click.option('--json', 'as_json', is_flag=True, help='Print one JSON document.')
+@click.option(
+    '--job',
+    'job_ids',
+    multiple=True,
+    metavar='ID',
+    help="Show this job's stall history instead of the queues (repeatable).",
+)
 @pass_cli_config
-def status(cli_config: CliConfig, max_stalled: int | None, grace: int | None, as_json: bool) -> None:
+def status(
+    cli_config: CliConfig, max_stalled: int | None, grace: int | None, as_json: bool, job_ids: tuple[str, ...]
+) -> None:
     """Show the server's epoch and, per queue, its leases, stalled jobs and dead letters.
 
-    Without queues, every queue in rq:queues. Writes nothing.
+    Without queues, every queue in rq:queues. With --job, one job's history instead:
+    counted stalls and the epochs they were counted under, exempt recoveries, its lease,
+    whether it is a dead letter and whether it was requeued since. Writes nothing.
     """
     settings = _settings(max_stalled, grace=grace)
+    if job_ids:
+        if cli_config.names or cli_config.all_queues:
+            raise click.UsageError('--job shows jobs, not queues: give no queues with it')
+        _status_jobs(cli_config, settings, list(dict.fromkeys(job_ids)), as_json)
+        return
     with server_errors(cli_config), cli_logging():
         connection = cli_config.connection
         current = read_epoch(connection)
@@ -541,7 +560,7 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
                 pipeline.hmget(keys.job_key(job_id), 'stalled', 'max_stalled', 'status', 'stall_dead')
             rows = pipeline.execute()
         for job_id, (stalled, own_max, job_status, stall_dead) in zip(chunk, rows, strict=True):
-            count = int(_text(stalled) or 0) if _text(stalled).isdigit() else 0
+            count = stalled_count(stalled, job_status, stall_dead)
             budget = int(_text(own_max)) if _text(own_max).isdigit() else settings.max_stalled
             if _text(stall_dead) == '1' and job_id in failed_ids:
                 dead_letters.append(job_id)
@@ -550,6 +569,8 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
                     {'job_id': job_id, 'stalled': count, 'max_stalled': budget, 'status': _text(job_status)}
                 )
     expired = preview.counts(name)
+    counters = {_text(k): _text(v) for k, v in sorted(stats.items())}
+    last_sweep = float(counters['last_sweep']) if counters.get('last_sweep') else None
     return {
         'live_leases': int(live),
         'stock_live_leases': int(stock_live),
@@ -559,7 +580,9 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
         'would_be_counted': expired['recovered'] + expired['dead'],
         'stalled_jobs': stalled_jobs,
         'dead_letters': dead_letters,
-        'counters': {_text(k): int(_text(v) or 0) for k, v in sorted(stats.items())},
+        'counters': {k: int(v) for k, v in counters.items() if v.isdigit()},
+        'last_sweep': last_sweep,
+        'seconds_since_last_sweep': round(now - last_sweep, 3) if last_sweep is not None else None,
         'truncated': any(len(x) >= limit for x in (leases, wip, queued, failed)),
     }
 
@@ -642,9 +665,146 @@ def format_status(
         if counters:
             text = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
             lines.append(f'  sweep counters    {text or "none"}')
+        refused = counters.get('refused', 0)
+        lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
+        since = q['seconds_since_last_sweep']
+        lines.append(f'  last sweep        {_duration(int(since)) + " ago" if since is not None else "none recorded"}')
         if q['truncated']:
             lines.append(f'  (only the first {STATUS_SCAN_LIMIT} entries of each registry were read)')
     return lines
+
+
+def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[str], as_json: bool) -> None:
+    from rq.exceptions import NoSuchJobError
+
+    from .history import job_history
+
+    with server_errors(cli_config), cli_logging():
+        connection = cli_config.connection
+        current = read_epoch(connection)
+        jobs = []
+        for job_id in job_ids:
+            try:
+                jobs.append(
+                    job_history(
+                        connection,
+                        job_id,
+                        run_id=current.run_id,
+                        default_max_stalled=settings.max_stalled,
+                        job_class=cli_config.job_class,
+                        serializer=cli_config.serializer,
+                    )
+                )
+            except NoSuchJobError:
+                fail(f'no job {job_id!r} on {cli_config.describe()}')
+    if as_json:
+        doc = {'server': {'run_id': current.run_id, 'uptime': current.uptime, 'role': current.role}, 'jobs': jobs}
+        click.echo(json.dumps(doc))
+        return
+    for job in jobs:
+        for line in format_job(job, current):
+            click.echo(line)
+
+
+def format_job(job: dict[str, Any], current: ServerEpoch) -> list[str]:
+    """The human form of ``status --job``."""
+    source = "the job's own" if job['max_stalled_source'] == 'job' else 'the default'
+    lines = [
+        f'job {job["job_id"]} (queue {job["queue"]}): {job["status"]}',
+        f'  stalled            {job["stalled"]}/{job["max_stalled"]} (budget: {source})',
+    ]
+    if job['stall_epochs']:
+        counts: dict[str, int] = {}
+        for run_id in job['stall_epochs']:
+            counts[run_id] = counts.get(run_id, 0) + 1
+        for run_id, n in counts.items():
+            here = ' (the current server process)' if run_id == current.run_id else ''
+            lines.append(f'  counted under      {run_id} x{n}{here}')
+    lines.append(f'  exempt recoveries  {job["exempt_recoveries"]} (leases that crossed a restart, not counted)')
+    lease = job['lease']
+    stamp = job['lease_epoch'] or '(none)'
+    whose = 'the current server process' if job['lease_epoch_is_current'] else 'another server process'
+    if lease is None:
+        lines.append(f'  lease              none (last stamp {stamp})')
+    elif lease['expired']:
+        lines.append(
+            f'  lease              expired {-lease["seconds_left"]:.1f}s ago, stamped by {stamp} ({whose}): '
+            'waiting for a sweep'
+        )
+    else:
+        lines.append(f'  lease              live, {lease["seconds_left"]:.1f}s left, stamped by {stamp} ({whose})')
+    dead = 'yes (failed, in FailedJobRegistry)' if job['dead_letter'] else 'no'
+    lines.append(f'  dead letter        {dead}')
+    lines.append(f'  requeued since     {"yes" if job["requeued_since_dead_letter"] else "no"}')
+    for result in job['dead_letter_results']:
+        lines.append(f'  dead-lettered      {result["created_at"] or "?"}: {_one_line(result["reason"])}')
+    return lines
+
+
+# -- exporter ------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option('--host', default='127.0.0.1', show_default=True, help='Address to listen on.')
+@click.option(
+    '--port',
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_METRICS_PORT,
+    show_default=True,
+    help='Port to listen on (0: any free port, printed at start).',
+)
+@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
+@click.option(
+    '--scan-limit',
+    type=click.IntRange(1, 1_000_000),
+    default=DEFAULT_SCAN_LIMIT,
+    show_default=True,
+    help='Entries read per queue from each list or registry in one scrape.',
+)
+@pass_cli_config
+def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, scan_limit: int) -> None:
+    """Serve Prometheus metrics at http://HOST:PORT/metrics (needs rq-epoch[prometheus]).
+
+    Without queues, every queue in rq:queues, read afresh at each scrape. A scrape costs
+    a fixed number of round trips whatever the number of queues and jobs, and writes
+    nothing. Runs until SIGTERM or Ctrl-C.
+    """
+    import signal
+    import threading
+
+    from .metrics import EpochCollector, serve
+
+    _settings(grace=grace)
+    names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read rq:queues at each scrape
+    collector = EpochCollector(cli_config.connection, queues=names, restart_grace=grace, scan_limit=scan_limit)
+    try:
+        httpd, thread = serve(collector, host, port)
+    except RqEpochError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f'cannot listen on {host}:{port}: {exc}')
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    shown = 'http://[{}]:{}/metrics' if ':' in host else 'http://{}:{}/metrics'
+    watched = ', '.join(names) if names else 'every queue in rq:queues'
+    click.echo(f'rq-epoch exporter: serving {shown.format(host, httpd.server_port)} ({watched})')
+    sys.stdout.flush()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter('%(levelname)s: %(message)s'))
+    logger = logging.getLogger('rq_epoch')
+    logger.addHandler(handler)
+    try:
+        while not stop.wait(3600):
+            pass
+    finally:
+        logger.removeHandler(handler)
+        httpd.shutdown()
+        thread.join(10)
 
 
 # -- demo ----------------------------------------------------------------------------------

@@ -5,7 +5,14 @@ from __future__ import annotations
 import redis.exceptions
 from rq.exceptions import AbandonedJobError
 
-__all__ = ['ConfigurationError', 'EpochUnavailableError', 'RqEpochError', 'ServerOutageError', 'StalledJobError']
+__all__ = [
+    'ConfigurationError',
+    'EpochUnavailableError',
+    'OutcomeRefused',
+    'RqEpochError',
+    'ServerOutageError',
+    'StalledJobError',
+]
 
 
 class RqEpochError(Exception):
@@ -41,3 +48,37 @@ class StalledJobError(AbandonedJobError):
     It subclasses RQ's :class:`~rq.exceptions.AbandonedJobError`, so callbacks that
     already handle abandoned jobs keep working.
     """
+
+
+class OutcomeRefused(BaseException):
+    """The server refused an execution's outcome: a newer holder has the job.
+
+    Raised by the fenced commit (see :mod:`rq_epoch.fence`) when the execution no longer
+    holds its lease; nothing of the outcome was written. ``reason`` is ``taken`` (a sweep
+    took the lease; ``detail`` is its verdict), ``superseded`` (``detail`` is the newer
+    execution's id) or ``gone`` (no sign of a newer holder: the execution's own earlier
+    commit landed, or the job was cancelled or deleted). ``holder`` is the job's lease
+    execution when the commit was refused, or ''.
+
+    It derives from :class:`BaseException`, like RQ's own ``StopRequested`` signals, so
+    that it crosses the ``except Exception`` blocks in RQ's outcome handlers (which would
+    otherwise log it as a failure to persist and go on to enqueue dependents and send
+    webhooks) and reaches :meth:`rq_epoch.Worker.write_outcome`, which reports it.
+    """
+
+    def __init__(self, job_id: str, execution_id: str, reason: str, detail: str = '', holder: str = '') -> None:
+        self.job_id = job_id
+        self.execution_id = execution_id
+        self.reason = reason
+        self.detail = detail
+        self.holder = holder
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """Who took over, in words, for the worker's log line."""
+        newer = f'; execution {self.holder} holds it now' if self.holder and self.holder != self.execution_id else ''
+        if self.reason == 'taken':
+            return f'a sweep took its lease (verdict {self.detail or "unknown"}){newer}'
+        if self.reason == 'superseded':
+            return f'a newer execution {self.detail} was granted the job'
+        return 'its lease is gone (no newer holder recorded)'

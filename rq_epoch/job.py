@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from rq.job import Job as RQJob
@@ -9,9 +10,12 @@ from rq.job import Job as RQJob
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from .fence import Fence
     from .registry import StartedJobRegistry
 
-__all__ = ['Job']
+logger = logging.getLogger('rq_epoch')
+
+__all__ = ['Job', 'stalled_count']
 
 
 def _text(raw: Any) -> str | None:
@@ -38,6 +42,18 @@ def _field(raw_data: Any, name: str) -> Any:
     return raw_data.get(name.encode())
 
 
+def stalled_count(stalled: Any, status: Any, stall_dead: Any) -> int:
+    """Counted stalls of a job, from the raw ``stalled``, ``status`` and ``stall_dead`` fields of its hash.
+
+    The one rule every reader uses (:class:`Job`, ``rq-epoch status``, the metrics): a dead
+    letter that was requeued by hand, with any tool, starts afresh at 0, even before its
+    next grant resets the field in the server.
+    """
+    if stall_dead is not None and _text(status) != 'failed':
+        return 0
+    return _int(stalled, 0) or 0
+
+
 class Job(RQJob):
     """An RQ job whose lease is stamped with the server epoch.
 
@@ -46,6 +62,7 @@ class Job(RQJob):
     * ``lease_epoch``: run_id of the server process that last granted or extended the lease.
     * ``stalled``: counted stalls so far.
     * ``exempt_recoveries``: requeues after leases that crossed a restart (not counted).
+    * ``stale_outcomes``: outcomes of stale executions that the fence refused.
 
     Set by you at enqueue time (see :class:`rq_epoch.Queue`):
 
@@ -53,19 +70,32 @@ class Job(RQJob):
 
     ``save()`` never writes the stamp or the counters, so a stale copy of a job can't
     clobber what the scripts wrote.
+
+    While a worker runs the job, :attr:`fence` names the execution that holds its lease:
+    the job's ``on_success`` / ``on_failure`` / ``on_stopped`` callbacks are then looked up
+    only while that execution still holds it, and webhooks are not sent for an outcome
+    that the fence refused.
     """
 
     lease_epoch: str | None
     lease_execution: str | None
     stalled: int
     exempt_recoveries: int
+    stale_outcomes: int
+    #: The execution this process runs the job under (set by the worker), or None.
+    fence: Fence | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease_epoch = None
         self.lease_execution = None
         self.stalled = 0
         self.exempt_recoveries = 0
+        self.stale_outcomes = 0
         self._max_stalled: int | None = None
+        self.fence = None
+        #: True once the fence refused this process's outcome of the job.
+        self.outcome_refused = False
+        self._callback_decisions: dict[tuple[str, str], bool] = {}
         super().__init__(*args, **kwargs)
 
     @property
@@ -83,13 +113,13 @@ class Job(RQJob):
         result = super().restore(raw_data)
         self.lease_epoch = _text(_field(raw_data, 'lease_epoch'))
         self.lease_execution = _text(_field(raw_data, 'lease_execution'))
-        self.stalled = _int(_field(raw_data, 'stalled'), 0) or 0
-        status = _text(_field(raw_data, 'status'))
-        if _field(raw_data, 'stall_dead') is not None and status != 'failed':
-            # Dead-lettered, then requeued by hand (with any tool): the budget starts
-            # afresh, and the next grant resets the counter in the server too.
-            self.stalled = 0
+        # Dead-lettered, then requeued by hand (with any tool): the budget starts afresh,
+        # and the next grant resets the counter in the server too.
+        self.stalled = stalled_count(
+            _field(raw_data, 'stalled'), _field(raw_data, 'status'), _field(raw_data, 'stall_dead')
+        )
         self.exempt_recoveries = _int(_field(raw_data, 'exempt_recoveries'), 0) or 0
+        self.stale_outcomes = _int(_field(raw_data, 'stale_outcomes'), 0) or 0
         max_stalled = _int(_field(raw_data, 'max_stalled'), None)
         self._max_stalled = max_stalled if max_stalled is not None and max_stalled >= 1 else None
         return result
@@ -99,6 +129,56 @@ class Job(RQJob):
         if self._max_stalled is not None:
             data['max_stalled'] = self._max_stalled
         return data
+
+    # -- fenced side effects ----------------------------------------------------------
+
+    def _callback_allowed(self, callback: Any, name: str) -> bool:
+        """Whether ``callback`` may run: always, unless this execution is known to be stale.
+
+        The answer is kept per callback and execution: RQ 2 reads the property twice
+        (to test it, then to call it), and both reads must agree.
+        """
+        if callback is None or self.fence is None:
+            return True
+        decided = self._callback_decisions.get((name, self.fence.execution_id))
+        if decided is not None:
+            return decided
+        if self.outcome_refused:
+            refusal: Any = 'its outcome was refused'
+        else:
+            refusal = self.fence.check(self.connection)
+        self._callback_decisions[(name, self.fence.execution_id)] = refusal is None
+        if refusal is None:
+            return True
+        logger.warning(
+            'Job %s: not running its %s callback from execution %s: %s',
+            self.id,
+            name,
+            self.fence.execution_id,
+            refusal,
+        )
+        return False
+
+    @property
+    def success_callback(self) -> Any:
+        callback = super().success_callback
+        return callback if self._callback_allowed(callback, 'on_success') else None
+
+    @property
+    def failure_callback(self) -> Any:
+        callback = super().failure_callback
+        return callback if self._callback_allowed(callback, 'on_failure') else None
+
+    @property
+    def stopped_callback(self) -> Any:
+        callback = super().stopped_callback
+        return callback if self._callback_allowed(callback, 'on_stopped') else None
+
+    def send_webhooks(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's webhooks, except for an outcome that the fence refused."""
+        if self.outcome_refused:
+            return
+        super().send_webhooks(*args, **kwargs)
 
     @property
     def started_job_registry(self) -> StartedJobRegistry:  # type: ignore[override]

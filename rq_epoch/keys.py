@@ -9,6 +9,7 @@ except ImportError:  # RQ 2.x: fixed prefix
 
 __all__ = [
     'PREFIX',
+    'TAKEN_RECORD_TTL',
     'failed_key',
     'finishing_key',
     'job_key',
@@ -16,15 +17,25 @@ __all__ = [
     'limbo_key',
     'primaries_key',
     'stats_key',
+    'taken_key',
     'wip_key',
 ]
 
 PREFIX: str = _RQ_PREFIX
 
+#: Seconds the record of a lease taken by a sweep is kept: an execution frozen for longer
+#: than this is still fenced out, but its refusal says "gone" instead of naming the verdict.
+TAKEN_RECORD_TTL = 86400
+
 
 def leases_key(queue_name: str) -> str:
     """Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline."""
     return f'{PREFIX}:epoch:leases:{queue_name}'
+
+
+def taken_key(member: str) -> str:
+    """Record that a sweep took the lease ``<job_id>:<execution_id>``: the verdict, with a TTL."""
+    return f'{PREFIX}:epoch:taken:{member}'
 
 
 def finishing_key() -> str:

@@ -51,7 +51,8 @@ class StartedJobRegistry(RQStartedJobRegistry):
         job_key = keys.job_key(execution.job_id)
         if xx:
             self.extend_index = len(pipeline)
-            scripts.extend().queue(pipeline, [self.leases_key, job_key], lease_args)
+            taken_key = keys.taken_key(execution.composite_key)
+            scripts.extend().queue(pipeline, [self.leases_key, job_key, taken_key], lease_args)
         else:
             scripts.grant().queue(pipeline, [self.leases_key, job_key], [*lease_args, execution.id])
         return 0

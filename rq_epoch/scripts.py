@@ -23,13 +23,13 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.client import Pipeline
 
-__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'extend', 'grant', 'raise_typed', 'sweep']
+__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'commit', 'extend', 'grant', 'raise_typed', 'sweep']
 
 EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
 
 
 def _read(name: str) -> str:
-    return resources.files('rq_epoch').joinpath('scripts', name).read_text(encoding='utf-8')
+    return resources.files('rq_epoch').joinpath('scripts').joinpath(name).read_text(encoding='utf-8')
 
 
 def _expand(text: str) -> str:
@@ -109,7 +109,11 @@ def claim() -> ServerScript:
     return _script('claim')
 
 
+def commit() -> ServerScript:
+    return _script('commit')
+
+
 def load_all(connection: Redis) -> None:
     """Load every script (a worker does this at start and after the server returns)."""
-    for script in (grant(), extend(), sweep(), claim()):
+    for script in (grant(), extend(), sweep(), claim(), commit()):
         script.load(connection)

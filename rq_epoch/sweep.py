@@ -435,6 +435,7 @@ class Sweeper:
                 '1' if dry_run else '0',
                 offset,
                 self.settings.lease_ttl if self.rescue_intermediate else 0,
+                keys.TAKEN_RECORD_TTL,
             ],
         )
         run_id = _text(result[0])

@@ -9,15 +9,18 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
+from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
+from rq.logutils import setup_loghandlers
 from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
 from rq.utils import import_attribute, now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
-from . import scripts
-from .errors import ConfigurationError, RqEpochError
+from . import keys, scripts
+from .errors import ConfigurationError, OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
+from .fence import Fence, arm
 from .job import Job
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
@@ -107,8 +110,12 @@ class Worker(RQWorker):
         )
         kwargs['job_class'] = _epoch_job_class(kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
-        if heartbeat_interval is None and not os.environ.get('RQ_EPOCH_HEARTBEAT_INTERVAL', '').strip():
-            # Neither set: RQ's job_monitoring_interval (e.g. --job-monitoring-interval) rules.
+        if (
+            heartbeat_interval is None
+            and not os.environ.get('RQ_EPOCH_HEARTBEAT_INTERVAL', '').strip()
+            and self.job_monitoring_interval != DEFAULT_JOB_MONITORING_INTERVAL
+        ):
+            # RQ's job_monitoring_interval was chosen (e.g. --job-monitoring-interval): it rules.
             self.epoch_settings = EpochSettings.resolve(
                 environ={}, **{**asdict(self.epoch_settings), 'heartbeat_interval': self.job_monitoring_interval}
             )
@@ -126,8 +133,16 @@ class Worker(RQWorker):
 
     # -- start -----------------------------------------------------------------------
 
-    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+    def bootstrap(
+        self,
+        logging_level: str | None = 'INFO',
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
         """Check that the server yields an epoch, load the scripts, then start as RQ does.
+
+        rq-epoch's own log lines (logger ``rq_epoch``: verdicts of the worker's sweeps,
+        skipped callbacks) get the same handler and format as RQ's worker lines.
 
         Raises:
             EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
@@ -136,7 +151,8 @@ class Worker(RQWorker):
         scripts.load_all(self.connection)
         self._known_run_id = current.run_id
         self.primary_watch = self.watch_primary(current.run_id)
-        super().bootstrap(*args, **kwargs)
+        super().bootstrap(logging_level, date_format, log_format)
+        setup_loghandlers(logging_level, date_format, log_format, name='rq_epoch')
         s = self.epoch_settings
         self.log.info(
             'Worker %s: rq-epoch on server epoch %s; heartbeat %ss, lease margin %ss, sweep every %ss, '
@@ -213,22 +229,29 @@ class Worker(RQWorker):
         return interval + self.epoch_settings.lease_margin
 
     def prepare_execution(self, job: Any) -> Execution:
-        """Start an execution as RQ does; the grant script rides in RQ's transaction."""
+        """Start an execution as RQ does; the grant script rides in RQ's transaction.
+
+        The job object then carries the execution's :class:`~rq_epoch.fence.Fence` (the
+        work-horse inherits it), so its callbacks run only while the lease is held.
+        """
         try:
-            return super().prepare_execution(job)
+            execution = super().prepare_execution(job)
         except redis.exceptions.NoScriptError:
             # The server restarted since the scripts were loaded; RQ's writes landed,
             # the grant did not. Load the scripts and grant now.
             scripts.load_all(self.connection)
+            if self.execution is None:
+                raise
             execution = self.execution
-            assert execution is not None
             registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
             scripts.grant()(
                 self.connection,
                 [registry.leases_key, job.key],
                 [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
             )
-            return execution
+        if isinstance(job, Job):
+            job.fence = Fence(job.origin, job.id, execution.id)
+        return execution
 
     def prepare_job_execution(self, job: Any, *args: Any, **kwargs: Any) -> None:
         """RQ's preparation in the work-horse (status "started"), riding out a server outage.
@@ -264,7 +287,7 @@ class Worker(RQWorker):
         delay = 0.1
         while True:
             try:
-                extended, run_id = self._heartbeat_lease(job, execution)
+                extended, run_id, taken = self._heartbeat_lease(job, execution)
                 break
             except _CONNECTION_ERRORS as exc:
                 self._server_unreachable(exc)
@@ -273,27 +296,15 @@ class Worker(RQWorker):
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_backoff())
         self._server_reachable(run_id)
-        if not extended and self._lease_taken(job, execution):
-            self._lease_lost(job)
+        if not extended and taken:
+            # A sweep took this execution's lease (its record names this execution). A
+            # lease that is gone without such a record was ended by the work-horse's own
+            # commit, which may still be running RQ's steps that follow it.
+            self._lease_lost(job, taken)
         self._sweep_if_due()
 
-    def _lease_taken(self, job: Any, execution: Execution) -> bool:
-        """Whether a sweep took this execution's lease (rather than its own work-horse ending it).
-
-        A work-horse that records the job's outcome removes the lease in the same
-        transaction, and may still be running RQ's steps that follow the commit (RQ 3
-        pushes ready dependents, releases rate-limit slots) when this heartbeat finds the
-        lease gone. Every verdict that takes a live lease counts it (``stalled`` or
-        ``exempt_recoveries`` goes up) and a new grant replaces ``lease_execution``.
-        """
-        lease_execution, stalled, exempt = self.connection.hmget(
-            job.key, 'lease_execution', 'stalled', 'exempt_recoveries'
-        )
-        if lease_execution is None or _text(lease_execution) != execution.id:
-            return True
-        return int(stalled or 0) != job.stalled or int(exempt or 0) != job.exempt_recoveries
-
-    def _heartbeat_lease(self, job: Any, execution: Execution) -> tuple[bool, str]:
+    def _heartbeat_lease(self, job: Any, execution: Execution) -> tuple[bool, str, str]:
+        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease)."""
         worker_ttl = self.job_monitoring_interval + 60
         ttl = self.get_heartbeat_ttl(job)
         registry = job.started_job_registry
@@ -307,7 +318,9 @@ class Worker(RQWorker):
         if isinstance(extend_result, redis.exceptions.NoScriptError):
             scripts.load_all(self.connection)
             extend_result = scripts.extend()(
-                self.connection, [registry.leases_key, job.key], [execution.composite_key, ttl]
+                self.connection,
+                [registry.leases_key, job.key, keys.taken_key(execution.composite_key)],
+                [execution.composite_key, ttl],
             )
         for result in results:
             if isinstance(result, redis.exceptions.ResponseError) and result is not extend_result:
@@ -325,8 +338,7 @@ class Worker(RQWorker):
                 pipeline.execute()
         assert extend_result is not None
         extended = bool(int(extend_result[0]))
-        run_id = extend_result[1].decode() if isinstance(extend_result[1], bytes) else str(extend_result[1])
-        return extended, run_id
+        return extended, _text(extend_result[1]), _text(extend_result[3])
 
     def _server_unreachable(self, exc: Exception) -> None:
         if self._server_lost_at is None:
@@ -360,43 +372,62 @@ class Worker(RQWorker):
                 pass
         self._known_run_id = run_id
 
-    def _lease_lost(self, job: Any) -> None:
+    def _lease_lost(self, job: Any, verdict: str) -> None:
         self._lost_lease_job_ids.add(job.id)
         self.log.warning(
-            'Worker %s: the lease of job %s is gone (a sweep requeued or dead-lettered it while this '
-            'worker could not heartbeat); stopping its work-horse',
+            'Worker %s: a sweep took the lease of job %s (verdict %s) while this worker could not '
+            'heartbeat; stopping its work-horse',
             self.name,
             job.id,
+            verdict,
         )
         self.kill_horse()
 
-    def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
-        """Fail a job as RQ does, except one whose lease a sweep took: that job is not ours.
+    # -- outcomes ----------------------------------------------------------------------
 
-        The failure is written once the server is reachable (see :meth:`write_outcome`).
+    def cleanup_execution(self, job: Any, pipeline: Any, *args: Any, **kwargs: Any) -> None:
+        """Remove the execution as RQ does, and fence the outcome transaction it is part of.
+
+        Every outcome path of RQ (success, failure, retry, stop, a dead work-horse) calls
+        this with the pipeline that carries the outcome. The pipeline is armed with this
+        execution's fence: its commit lands only while the execution holds the lease.
+        """
+        execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
+        super().cleanup_execution(job, pipeline, *args, **kwargs)
+        if execution is not None and execution.job_id == job.id:
+            arm(pipeline, Fence(job.origin, job.id, execution.id))
+
+    def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
+        """Fail (or retry, or stop) a job as RQ does, fenced; rides out a server outage.
+
+        A job whose lease this worker saw a sweep take is not failed at all: it is not ours.
         """
         if job.id in self._lost_lease_job_ids:
             self._lost_lease_job_ids.discard(job.id)
-            self.log.info('Worker %s: not failing job %s, whose lease was taken by a sweep', self.name, job.id)
+            self.log.info('Worker %s: not failing job %s, whose lease a sweep took', self.name, job.id)
             return
         self.write_outcome(job, 'failure', lambda: super(Worker, self).handle_job_failure(job, *args, **kwargs))
 
     def handle_job_success(self, job: Any, *args: Any, **kwargs: Any) -> None:
-        """Record a success as RQ does, once the server is reachable (see :meth:`write_outcome`)."""
+        """Record a success as RQ does, fenced; rides out a server outage."""
         self.write_outcome(job, 'success', lambda: super(Worker, self).handle_job_success(job, *args, **kwargs))
 
+    def handle_job_retry(self, job: Any, *args: Any, **kwargs: Any) -> None:
+        """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
+        self.write_outcome(job, 'retry', lambda: super(Worker, self).handle_job_retry(job, *args, **kwargs))
+
     def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
-        self.write_outcome(
-            job, 'end', lambda: super(Worker, self).handle_execution_ended(job, queue, heartbeat_ttl), idempotent=True
-        )
+        self.write_outcome(job, 'end', lambda: super(Worker, self).handle_execution_ended(job, queue, heartbeat_ttl))
 
-    def write_outcome(self, job: Any, what: str, write: Any, idempotent: bool = False) -> None:
-        """Run ``write`` (RQ's recording of a job's outcome), riding out a server outage.
+    def write_outcome(self, job: Any, what: str, write: Any) -> None:
+        """Run ``write`` (RQ's recording of a job's outcome), fenced, riding out a server outage.
 
-        On a connection error it waits with exponential backoff and tries again, for up
-        to :attr:`outcome_retry_limit` seconds. Before trying again it checks whether the
-        first attempt landed after all (the job is no longer "started"), so an outcome is
-        never written twice.
+        The commit inside ``write`` is fenced (see :meth:`cleanup_execution`): if this
+        execution no longer holds the lease, nothing of it lands and
+        :meth:`outcome_refused` reports it. On a connection error it waits with
+        exponential backoff and tries again, for up to :attr:`outcome_retry_limit`
+        seconds; a first attempt that landed after all makes the next one find the lease
+        gone, so an outcome is never written twice.
         """
         give_up = time.monotonic() + self.outcome_retry_limit
         delay = 0.1
@@ -404,18 +435,6 @@ class Worker(RQWorker):
         self._follow_primary()
         while True:
             try:
-                if attempt and not idempotent and self._outcome_landed(job):
-                    self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-                    return
-                if not idempotent and not self._holds_lease(job):
-                    self.log.warning(
-                        'Worker %s: not recording the %s of job %s: its lease was taken by a sweep '
-                        '(the job was handed on while this worker could not heartbeat)',
-                        self.name,
-                        what,
-                        job.id,
-                    )
-                    return
                 write()
                 if attempt:
                     self.log.warning(
@@ -425,6 +444,12 @@ class Worker(RQWorker):
                         job.id,
                         attempt + 1,
                     )
+                return
+            except OutcomeRefused as refusal:
+                if attempt and refusal.reason == 'gone':
+                    self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
+                else:
+                    self.outcome_refused(job, what, refusal)
                 return
             except _CONNECTION_ERRORS as exc:
                 if attempt == 0:
@@ -441,13 +466,18 @@ class Worker(RQWorker):
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_backoff())
 
-    def _holds_lease(self, job: Any) -> bool:
-        """Whether this execution's lease still exists (a sweep did not take it)."""
-        execution = self.execution
-        if execution is None or execution.job_id != job.id:
-            return True
-        registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
-        return self.connection.zscore(registry.leases_key, execution.composite_key) is not None
+    def outcome_refused(self, job: Any, what: str, refusal: OutcomeRefused) -> None:
+        """Report an outcome the fence refused: one WARNING line (the server counted it)."""
+        if isinstance(job, Job):
+            job.outcome_refused = True
+        self.log.warning(
+            'Worker %s: refused the %s of job %s from execution %s: %s',
+            self.name,
+            what,
+            job.id,
+            refusal.execution_id,
+            refusal.describe(),
+        )
 
     def _outcome_landed(self, job: Any) -> bool:
         status = self.connection.hget(job.key, 'status')
@@ -475,7 +505,6 @@ class Worker(RQWorker):
                 job,
                 'failure',
                 lambda: None if self._outcome_landed(job) else super(Worker, self).handle_job_failure(job, **kwargs),
-                idempotent=True,
             )
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:

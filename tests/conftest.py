@@ -119,6 +119,7 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
         burst: bool = False,
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
+        url: str | None = None,
     ) -> WorkerProcess:
         environ = dict(os.environ)
         environ['PYTHONPATH'] = str(ROOT) + os.pathsep + environ.get('PYTHONPATH', '')
@@ -133,7 +134,7 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
         )
         environ.update(env or {})
         log = tmp_path / f'worker-{len(started)}.log'
-        argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', server.url, '--job-monitoring-interval', '1']
+        argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', url or server.url, '--job-monitoring-interval', '1']
         if worker_class:
             argv += ['--worker-class', worker_class]
         if burst:

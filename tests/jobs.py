@@ -48,3 +48,21 @@ def poison_pill(path: str, tag: str) -> None:
 
 def on_failure_record(job, connection, typ, value, tb) -> None:  # noqa: ANN001 - RQ's callback signature
     connection.rpush(f'test:on_failure:{job.id}', f'{typ.__name__}: {value}')
+
+
+def gated(path: str, tag: str, release: str, first_run: str = 'return', limit: float = 120.0) -> object:
+    """Run until ``release`` exists. The first run ends as ``first_run`` says (``return``,
+    ``raise``, or ``retry``: return ``rq.Retry``); later runs return ``tag``."""
+    first = not os.path.exists(path)
+    wait_for_file_then_record(path, tag, release, limit)
+    if first and first_run == 'raise':
+        raise RuntimeError(f'{tag} failed on purpose')
+    if first and first_run == 'retry':
+        from rq import Retry
+
+        return Retry(max=2)
+    return tag
+
+
+def on_success_record(job, connection, result) -> None:  # noqa: ANN001 - RQ's callback signature
+    connection.rpush(f'test:on_success:{job.id}', str(result))

@@ -118,6 +118,11 @@ def test_rq_monitoring_interval_is_the_heartbeat_unless_rq_epoch_sets_one(conn, 
     monkeypatch.delenv('RQ_EPOCH_HEARTBEAT_INTERVAL', raising=False)
     worker = Worker(['default'], connection=conn, job_monitoring_interval=7)
     assert (worker.job_monitoring_interval, worker.epoch_settings.heartbeat_interval) == (7, 7)
+    # RQ's default (what `rq worker` passes when the option is not given): rq-epoch's default.
+    worker = Worker(['default'], connection=conn, job_monitoring_interval=30)
+    assert (worker.job_monitoring_interval, worker.epoch_settings.heartbeat_interval) == (10, 10)
+    worker = Worker(['default'], connection=conn)
+    assert (worker.job_monitoring_interval, worker.epoch_settings.heartbeat_interval) == (10, 10)
     monkeypatch.setenv('RQ_EPOCH_HEARTBEAT_INTERVAL', '2')
     worker = Worker(['default'], connection=conn, job_monitoring_interval=7)
     assert (worker.job_monitoring_interval, worker.epoch_settings.heartbeat_interval) == (2, 2)

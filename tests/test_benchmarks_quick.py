@@ -25,6 +25,7 @@ BENCHMARKS = {
     'worker_throughput': ('runs', 'summary'),
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
     'memory': ('rows',),
+    'detection': ('runs', 'summary'),
 }
 
 

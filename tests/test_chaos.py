@@ -109,7 +109,9 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     )  # fmt: skip
     pill = JobAudit('p1', 'pill', 'failed', 'failed', [Attempt(1, 1, 2, 1.0)] * 2, 1, 1, 0, 0, 1, '', 'failed')
     retried = JobAudit('h3', 'healthy', 'finished', 'finished', one, 0, 0, 0, 1, 2, '', 'finished')
-    found = check_invariants([healthy_failed, rerun, pill, retried], cfg)
+    stale = JobAudit('h4', 'healthy', 'finished', 'finished', one, 0, 0, 0, 0, 2, '', 'finished', worker_results=2)
+    found = check_invariants([healthy_failed, rerun, pill, retried, stale], cfg)
+    assert 'h4: 1 outcome(s) of a superseded execution landed' in found
     assert any(v.startswith('h3: healthy job failed 1 time(s) and was retried') for v in found)
     assert any(v.startswith('h1: healthy job failed') for v in found)
     assert any(v.startswith('h2: ran again') for v in found)
@@ -151,6 +153,7 @@ def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
     assert (row['pills_dead'], row['pill_stalls']) == (1, [2])
     assert row['callbacks_run'] == 1  # the pill's on_failure, once; no healthy job failed
     assert row['retries_spent'] == 0
+    assert row['stale_outcomes_landed'] == 0
     assert set(row['superseded_executions']) <= {'kill', 'freeze'}
     assert not list((tmp_path / 'w').glob('*/data')), 'the run removes its folders'
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pty
@@ -24,12 +25,14 @@ from tests.conftest import ROOT, wait_for
 from tests.leases import CURRENT, OTHER_EPOCH, start_job
 
 RQ_EPOCH = [sys.executable, '-c', 'from rq_epoch.cli import main; main()']
+# click < 8.2 mixes stderr into stdout unless told not to; 8.2 always keeps them apart.
+_RUNNER_ARGS: dict[str, Any] = {'mix_stderr': False} if 'mix_stderr' in inspect.signature(CliRunner).parameters else {}
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
     """Run the command in-process, with RQ_* and REDIS_* variables of the caller ignored."""
     clean = {name: None for name in os.environ if name.startswith(('RQ_', 'REDIS_'))}
-    return CliRunner().invoke(main, list(args), env={**clean, **(env or {})}, catch_exceptions=False)
+    return CliRunner(**_RUNNER_ARGS).invoke(main, list(args), env={**clean, **(env or {})}, catch_exceptions=False)
 
 
 def run_process(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

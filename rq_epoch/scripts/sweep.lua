@@ -6,7 +6,7 @@
 -- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
 -- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
 -- KEYS[3]  dead letters awaiting their Python side effects (<prefix>:epoch:finishing)
--- KEYS[4]  per-queue verdict counters        (<prefix>:epoch:stats:<queue>)
+-- KEYS[4]  per-queue verdict counters, and last_sweep: server TIME of the last call (<prefix>:epoch:stats:<queue>)
 -- KEYS[5]  first sightings of jobs stuck in RQ's intermediate queue (<prefix>:epoch:limbo:<queue>)
 -- ARGV[1]  RQ key prefix ("rq"): job, execution and queue keys are derived from it
 -- ARGV[2]  queue name (used when a job has no origin)
@@ -18,6 +18,9 @@
 -- ARGV[8]  offset into the expired entries (dry runs page with it; 0 otherwise)
 -- ARGV[9]  seconds a job may sit in RQ's intermediate queue, taken by a worker but never
 --          granted, before it is requeued uncounted (0: leave the intermediate queue alone)
+-- ARGV[10] seconds to keep the record of a taken lease (<prefix>:epoch:taken:<member>),
+--          which tells the execution that lost it, at its next heartbeat or commit, who
+--          took over
 --
 -- Expired entries are read from two places: rq-epoch's leases (deadline <= TIME), and
 -- RQ's StartedJobRegistry entries with a finite expired score, which only stock workers
@@ -65,6 +68,7 @@ local default_failure_ttl = tonumber(ARGV[6])
 local dry = ARGV[7] == '1'
 local offset = tonumber(ARGV[8])
 local limbo_timeout = tonumber(ARGV[9]) or 0
+local taken_ttl = tonumber(ARGV[10]) or 86400
 local now = server_now()
 local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', not dry)
 local function tail(head)
@@ -106,6 +110,11 @@ local function drop(member, job_id, exec_id)
       redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
     end
   end
+end
+
+-- Leave a record that this execution's lease was taken, and by which verdict.
+local function mark_taken(member, verdict)
+  redis.call('SET', prefix .. ':epoch:taken:' .. member, verdict, 'EX', taken_ttl)
 end
 
 -- ... is the job's other fields to write in the same HSET.
@@ -158,7 +167,10 @@ local function judge(member, stock)
   local never_started = false
   if status == 'started' then
     if not stock and lease_execution and lease_execution ~= exec_id then
-      if not dry then drop(member, job_id, exec_id) end
+      if not dry then
+        drop(member, job_id, exec_id)
+        mark_taken(member, 'settled')
+      end
       return record(member, job_id, 'settled', stalled, max_stalled, epoch, origin)
     end
   elseif status == 'queued' and not stock and lease_execution == exec_id
@@ -182,6 +194,7 @@ local function judge(member, stock)
     end
     if not dry then
       drop(member, job_id, exec_id)
+      if not stock then mark_taken(member, 'exempt') end
       requeue(job_key, job_id, origin, 'exempt_recoveries', (tonumber(f[8]) or 0) + 1)
     end
     return record(member, job_id, 'exempt', stalled, max_stalled, epoch, origin)
@@ -193,12 +206,14 @@ local function judge(member, stock)
   if stalled < max_stalled then
     if not dry then
       drop(member, job_id, exec_id)
+      mark_taken(member, 'recovered')
       requeue(job_key, job_id, origin, 'stalled', stalled, 'stall_epochs', epochs)
     end
     return record(member, job_id, 'recovered', stalled, max_stalled, epoch, origin)
   end
   if not dry then
     drop(member, job_id, exec_id)
+    mark_taken(member, 'dead')
     bury(job_key, job_id, origin, f[7], stalled, epochs)
   end
   return record(member, job_id, 'dead', stalled, max_stalled, epoch, origin)
@@ -263,6 +278,7 @@ end
 if limbo_timeout > 0 and offset == 0 then rescue_intermediate() end
 
 for verdict, count in pairs(tally) do redis.call('HINCRBY', KEYS[4], verdict, count) end
+if not dry then redis.call('HSET', KEYS[4], 'last_sweep', tostring(now)) end
 
 local more = 0
 if #leases >= batch or #stock >= batch then more = 1 end

@@ -1,0 +1,166 @@
+"""Question 5: how long until a dead worker's job runs again, with every setting at its default.
+
+Per side, on a fresh server: two real ``rq worker`` processes with their defaults (stock:
+``rq worker``; rq-epoch: ``rq worker --worker-class rq_epoch.Worker``, no ``RQ_EPOCH_*``
+variable set) on one queue, and one long job. Once the job has started, the benchmark waits
+a random part of one heartbeat interval (so the kill falls anywhere between two heartbeats),
+then SIGKILLs the worker running it and its work-horse, and measures the time until the job
+starts again on the other worker. rq-epoch runs ``--trials`` times; stock RQ once (it takes
+minutes), bounded by ``--stock-timeout``.
+
+    python -m benchmarks.detection                  # 5 rq-epoch trials, 1 stock trial
+    python -m benchmarks.detection --skip-stock     # rq-epoch only
+    python -m benchmarks.detection --quick          # rq-epoch only, short settings, 1 trial
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from rq import Queue
+
+from rq_epoch.settings import DEFAULTS
+
+from .common import EPOCH, ROOT, STOCK, parser, server, server_version, table, write_results
+
+NAME = 'detection'
+QUEUE = 'detect'
+TARGET = 40.0
+#: The heartbeat stock RQ uses by default (``DEFAULT_JOB_MONITORING_INTERVAL``).
+STOCK_HEARTBEAT = 30
+#: Short settings for ``--quick`` (not the defaults: quick mode only checks that it runs).
+QUICK_ENV = {'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_LEASE_MARGIN': '2', 'RQ_EPOCH_SWEEP_INTERVAL': '1'}
+
+
+def _starts(path: Path) -> list[tuple[float, int, int]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        t, pid, ppid = line.split()
+        rows.append((float(t), int(pid), int(ppid)))
+    return rows
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
+    except OSError:
+        return []
+
+
+def _wait(condition: Any, timeout: float, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
+def one_trial(
+    conn: redis.Redis, url: str, side: str, folder: Path, index: int, timeout: float, env_extra: dict[str, str]
+) -> dict[str, Any]:
+    """Start two workers, kill the one running the job, time the job's next start."""
+    conn.flushall()
+    ledger = folder / f'{side}-{index}.starts'
+    env = {k: v for k, v in os.environ.items() if not k.startswith('RQ_EPOCH_')}
+    env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
+    env.update(env_extra)
+    argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', url]
+    if side == EPOCH:
+        argv += ['--worker-class', 'rq_epoch.Worker']
+    workers = []
+    for n in range(2):
+        log = open(folder / f'{side}-{index}-worker-{n}.log', 'wb')  # noqa: SIM115 - closed below
+        workers.append((subprocess.Popen([*argv, QUEUE], cwd=ROOT, env=env, stdout=log, stderr=log), log))
+    try:
+        Queue(QUEUE, connection=conn).enqueue(
+            'benchmarks.jobs.record_start_then_sleep', str(ledger), timeout + 600, job_timeout=int(timeout + 900)
+        )
+        first = _wait(lambda: _starts(ledger), 60)
+        if not first:
+            return {'side': side, 'ok': False, 'error': 'the job never started'}
+        heartbeat = int(env_extra.get('RQ_EPOCH_HEARTBEAT_INTERVAL', 0)) or (
+            DEFAULTS.heartbeat_interval if side == EPOCH else STOCK_HEARTBEAT
+        )
+        time.sleep(random.uniform(0, heartbeat))  # anywhere between two heartbeats
+        _, horse, worker = first[0]
+        for pid in (worker, horse):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed = time.time()
+        again = _wait(lambda: len(_starts(ledger)) > 1 and _starts(ledger), timeout, interval=0.2)
+        if not again:
+            return {'side': side, 'ok': False, 'error': f'not restarted within {timeout:.0f} s'}
+        return {'side': side, 'ok': True, 'detection_seconds': round(again[1][0] - killed, 2)}
+    finally:
+        for proc, log in workers:
+            for pid in _children(proc.pid):  # the work-horse running the long job
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+            log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument('--trials', type=int, default=5, help='rq-epoch trials (default 5)')
+    p.add_argument('--skip-stock', action='store_true', help='do not run the stock trial')
+    p.add_argument('--stock-timeout', type=float, default=1200.0, help='longest wait for stock RQ (s)')
+    args = p.parse_args(argv)
+    trials = 1 if args.quick else args.trials
+    env_extra = QUICK_ENV if args.quick else {}
+    sides = [EPOCH] * trials + ([] if args.quick or args.skip_stock else [STOCK])
+    runs = []
+    with server(args.server) as srv, tempfile.TemporaryDirectory(prefix='rq-epoch-detect-') as tmp:
+        conn = srv.client()
+        for index, side in enumerate(sides):
+            timeout = args.stock_timeout if side == STOCK else 120.0
+            runs.append(one_trial(conn, srv.url, side, Path(tmp), index, timeout, env_extra))
+            print(f'  trial {index + 1}: {side:<8} {runs[-1]}', flush=True)
+        epoch = [r['detection_seconds'] for r in runs if r['side'] == EPOCH and r['ok']]
+        stock = [r['detection_seconds'] for r in runs if r['side'] == STOCK and r['ok']]
+        summary = {
+            'defaults': {
+                'heartbeat_interval': DEFAULTS.heartbeat_interval,
+                'lease_margin': DEFAULTS.lease_margin,
+                'sweep_interval': DEFAULTS.sweep_interval,
+            },
+            'settings_used': env_extra or 'defaults',
+            EPOCH: {'max': max(epoch, default=None), 'min': min(epoch, default=None), 'n': len(epoch)},
+            STOCK: {'max': max(stock, default=None), 'n': len(stock)},
+            'target_seconds': TARGET,
+            'target_met': bool(epoch) and max(epoch) <= TARGET and not args.quick,
+        }
+        rows: list[list[Any]] = [[i + 1, r['side'], r.get('detection_seconds'), r['ok']] for i, r in enumerate(runs)]
+        print()
+        print(table(['trial', 'worker', 'seconds to run again', 'ok'], rows))
+        print(f'\nrq-epoch worst {summary[EPOCH]["max"]} s (target ≤{TARGET:.0f} s); stock {summary[STOCK]["max"]} s')
+        write_results(
+            NAME,
+            {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': summary},
+            args.out,
+            conn,
+        )
+    return 0 if all(r['ok'] for r in runs) else 1
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

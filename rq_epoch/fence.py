@@ -1,0 +1,186 @@
+"""The fence of the lease epoch: an execution's outcome lands only while it holds the lease.
+
+A newer lease always wins. Once a sweep has taken an execution's lease (the worker froze,
+the network went away) or a newer execution has been granted one, anything the old
+execution writes about the job's outcome must be refused: no Result, no status change, no
+registry move, no dependents, no webhook.
+
+RQ records an outcome as one transaction built on a pipeline; every outcome path (success,
+failure, retry, stop, a dead work-horse) removes the execution with
+``Worker.cleanup_execution(job, pipeline)``. There the worker *arms* the pipeline with the
+execution's :class:`Fence`. When RQ then calls ``pipeline.execute()``, the queued commands
+are not sent as they are: they travel as arguments of the ``commit`` script, which runs
+them only if the lease member still exists and the job's ``lease_execution`` is this
+execution. The check and the write are one atomic step in the server, in the same single
+round trip as RQ's own commit; a WATCH that RQ set (on the job's dependents) still guards
+the transaction around it.
+
+A transaction that already carries a script call cannot be nested inside another script,
+and a script cannot call a command with more arguments than Lua's stack holds; such a
+commit (rare: a unique or rate-limited re-enqueue, a job with thousands of dependents) is
+fenced by WATCHing the job hash instead, which every change of lease holder writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import NoScriptError, WatchError
+
+from . import keys, scripts
+from .errors import OutcomeRefused
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.client import Pipeline
+
+__all__ = ['Fence', 'arm']
+
+_SCRIPT_COMMANDS = frozenset({'EVAL', 'EVALSHA', 'EVAL_RO', 'EVALSHA_RO', 'FCALL', 'FCALL_RO'})
+#: Most arguments of one command the commit script passes through ``unpack`` (Lua's C
+#: stack holds 8,000 values in Redis and Valkey); a longer command goes the WATCH way.
+_MAX_UNPACKED = 7000
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The identity an outcome must hold the lease under: queue, job and execution."""
+
+    queue: str
+    job_id: str
+    execution_id: str
+
+    @property
+    def member(self) -> str:
+        """The lease member, ``<job_id>:<execution_id>``."""
+        return f'{self.job_id}:{self.execution_id}'
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [
+            keys.leases_key(self.queue),
+            keys.job_key(self.job_id),
+            keys.stats_key(self.queue),
+            keys.taken_key(self.member),
+        ]
+
+    def check(self, connection: Redis | Pipeline) -> OutcomeRefused | None:
+        """Whether this execution still holds the lease: None if it does, else the refusal.
+
+        Writes nothing and counts nothing (used before running a callback).
+        """
+        reply = scripts.commit()(connection, self.script_keys, [self.member, self.execution_id, '0', 0])
+        return None if int(reply[0]) == 1 else self.refusal(reply)
+
+    def refusal(self, reply: list[Any]) -> OutcomeRefused:
+        reason, detail, holder = (_text(x) for x in reply[1:4])
+        return OutcomeRefused(self.job_id, self.execution_id, reason, detail, holder)
+
+
+def _text(value: Any) -> str:
+    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
+
+
+def arm(pipeline: Pipeline, fence: Fence) -> None:
+    """Make the next ``execute()`` of ``pipeline`` a commit fenced by ``fence``.
+
+    Later ``execute()`` calls on the same pipeline (RQ 2 sends a second, bookkeeping-only
+    transaction in its failure path) go out unfenced, unless the pipeline is armed again.
+    """
+    state: dict[str, Any] = pipeline.__dict__
+    state['_rq_epoch_fence'] = fence
+    if '_rq_epoch_execute' in state:
+        return
+    original = pipeline.execute
+    state['_rq_epoch_execute'] = original
+
+    def execute(raise_on_error: bool = True) -> list[Any]:
+        armed = state.pop('_rq_epoch_fence', None)
+        if armed is None:
+            return original(raise_on_error)
+        if pipeline.scripts or any(
+            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in pipeline.command_stack
+        ):
+            return _commit_watched(pipeline, original, armed, raise_on_error)
+        return _commit_scripted(pipeline, original, armed, raise_on_error)
+
+    pipeline.execute = execute  # type: ignore[method-assign]
+
+
+def _name(args: tuple[Any, ...]) -> str:
+    return _text(args[0]).upper() if args else ''
+
+
+def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:
+    """Send the queued commands as arguments of the commit script (one round trip)."""
+    commands = list(pipeline.command_stack)
+    argv: list[Any] = [fence.member, fence.execution_id, '1', len(commands)]
+    for args, _options in commands:
+        argv.append(len(args))
+        argv.extend(args)
+    script = scripts.commit()
+    call = ('EVALSHA', script.sha, 4, *fence.script_keys, *argv)
+    watching = pipeline.watching
+    for _ in range(2):
+        pipeline.command_stack[:] = [(call, {})]
+        reply = original(False)[0]
+        if not isinstance(reply, NoScriptError):
+            break
+        # The server restarted since the script was loaded: nothing ran. Load it, and
+        # start again (RQ's loop rebuilds a watched transaction on WatchError).
+        _load(pipeline, script)
+        if watching:
+            raise WatchError('the commit script had to be loaded; the transaction is rebuilt')
+    if isinstance(reply, Exception):
+        raise reply
+    if int(reply[0]) != 1:
+        raise fence.refusal(reply)
+    return _replies(pipeline, commands, list(reply[1:]), raise_on_error)
+
+
+def _load(pipeline: Pipeline, script: scripts.ServerScript) -> None:
+    pipeline.immediate_execute_command('SCRIPT LOAD', script.source)
+
+
+def _replies(pipeline: Pipeline, commands: list[Any], replies: list[Any], raise_on_error: bool) -> list[Any]:
+    """Each command's reply through redis-py's response callback, as ``execute()`` gives them."""
+    data = []
+    for (args, options), reply in zip(commands, replies, strict=True):
+        if isinstance(reply, Exception):
+            if raise_on_error:
+                raise reply
+        else:
+            callback = pipeline.response_callbacks.get(args[0])
+            if callback is not None:
+                options = {k: v for k, v in options.items() if k != 'keys'}
+                reply = callback(reply, **options)
+        data.append(reply)
+    return data
+
+
+def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:
+    """Fence a transaction that carries a script call: WATCH the job hash, check, commit."""
+    rq_watching = pipeline.watching
+    commands = list(pipeline.command_stack)
+    loaded = set(pipeline.scripts)
+    script = scripts.commit()
+    for _ in range(20):
+        pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id))
+        try:
+            reply = pipeline.immediate_execute_command(
+                'EVALSHA', script.sha, 4, *fence.script_keys, fence.member, fence.execution_id, '1', 0
+            )
+        except NoScriptError:
+            _load(pipeline, script)
+            continue
+        if int(reply[0]) != 1:
+            raise fence.refusal(reply)
+        try:
+            return list(original(raise_on_error))
+        except WatchError:
+            if rq_watching:
+                raise
+            pipeline.command_stack[:] = commands
+            pipeline.scripts = set(loaded)
+    raise WatchError(f'the job {fence.job_id} kept changing while its outcome was being committed')

@@ -1,0 +1,422 @@
+"""Prometheus metrics of rq-epoch: a collector an application can register, and the exporter's server.
+
+:class:`EpochCollector` reads what rq-epoch adds to RQ's data (leases, verdict counters,
+dead letters, the server epoch) and turns it into metric families for ``prometheus-client``
+(``pip install 'rq-epoch[prometheus]'``). This module imports without ``prometheus-client``;
+only :meth:`EpochCollector.collect`, :meth:`EpochCollector.describe` and :func:`serve` need it.
+
+One scrape costs a fixed number of round trips, whatever the number of queues and jobs
+(:data:`ROUND_TRIPS`), and never scans the keyspace: the queues are the members of RQ's
+``<prefix>:queues`` set (or the ones given), and each queue's lists and registries are read
+up to ``scan_limit`` entries.
+
+=========  =================================================================================
+round trip what it reads
+=========  =================================================================================
+1, 2       :func:`rq_epoch.sweep.read_epoch`: ``INFO server`` and ``INFO replication``
+3          ``TIME`` and the members of ``<prefix>:queues`` (pipelined)
+4          per queue, pipelined: the counters hash, the leases, RQ's started registry, the
+           head of the queue, the newest entries of the failed registry
+5          pipelined ``HMGET`` of every job seen in 4 (left out when there is none)
+=========  =================================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+
+from . import epoch, keys
+from .errors import RqEpochError
+from .job import stalled_count
+from .settings import EpochSettings
+from .sweep import ServerEpoch, read_epoch
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.core import Metric
+    from prometheus_client.registry import CollectorRegistry
+    from redis import Redis
+
+__all__ = [
+    'DEFAULT_PORT',
+    'DEFAULT_SCAN_LIMIT',
+    'LEASE_STATES',
+    'ROUND_TRIPS',
+    'SWEPT_VERDICTS',
+    'EpochCollector',
+    'MetricsSnapshot',
+    'QueueMetrics',
+    'epoch_age',
+    'read_snapshot',
+    'serve',
+]
+
+logger = logging.getLogger('rq_epoch')
+
+#: Port of ``rq-epoch exporter`` when none is given.
+DEFAULT_PORT = 9727
+#: Entries read per queue from each list or registry in one scrape.
+DEFAULT_SCAN_LIMIT = 1000
+#: Round trips of one scrape (fewer when there are no queues or no jobs to read).
+ROUND_TRIPS = 5
+#: Verdicts the sweep counts in ``<prefix>:epoch:stats:<queue>`` (deferred leases are not counted).
+SWEPT_VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead')
+#: States of ``rq_epoch_leases``.
+LEASE_STATES = ('live', 'expired-counted', 'expired-uncounted', 'deferred', 'expired-stale')
+
+_INSTALL_HINT = "the Prometheus metrics need prometheus-client: pip install 'rq-epoch[prometheus]'"
+_MEMBER_RE = re.compile(r'([^:]+):([^:]+)')
+_JOB_FIELDS = ('status', 'lease_epoch', 'lease_execution', 'stalled', 'stall_dead')
+
+
+def epoch_age(current: ServerEpoch) -> int:
+    """Seconds the current epoch has lasted, as the restart grace counts them.
+
+    Today that is the uptime of the server process (``INFO server``), as the sweep script
+    reads it. Every metric that depends on the age of the epoch goes through here.
+    """
+    return current.uptime
+
+
+def _text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
+
+
+def _number(raw: Any) -> float:
+    try:
+        return float(_text(raw) or 0)
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class QueueMetrics:
+    """What one scrape saw of one queue."""
+
+    name: str
+    #: The sweep's counters (``<prefix>:epoch:stats:<queue>``), every swept verdict listed.
+    verdicts: dict[str, int] = field(default_factory=dict)
+    #: Server time of the last sweep of this queue; 0 when no sweep has recorded one.
+    last_sweep: float = 0.0
+    #: Outcomes of stale executions refused by the fence (0 until fencing records some).
+    refused: int = 0
+    #: Managed leases per state (:data:`LEASE_STATES`).
+    leases: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEASE_STATES, 0))
+    #: Entries of RQ's started registry held by stock RQ workers (a finite score).
+    stock_leases: int = 0
+    #: Jobs in the failed registry that the sweep dead-lettered (still failed).
+    dead_letters: int = 0
+    #: Jobs waiting or running with at least one counted stall.
+    stalled_jobs: int = 0
+    #: True when a list or registry had more entries than were read: the numbers read
+    #: from entries (expired lease states, dead letters, stalled jobs) are lower bounds.
+    truncated: bool = False
+
+
+@dataclass
+class MetricsSnapshot:
+    """One scrape's reading of the server: its epoch and every queue."""
+
+    server: ServerEpoch
+    #: Seconds the epoch has lasted (:func:`epoch_age`).
+    age: int
+    #: The restart grace the leases were judged with.
+    grace: int
+    now: float
+    queues: list[QueueMetrics] = field(default_factory=list)
+
+    @property
+    def grace_remaining(self) -> int:
+        """Seconds until leases of an older epoch may be swept (0 once the grace is over)."""
+        return max(0, self.grace - self.age)
+
+
+def _queue_names(raw: Iterable[Any]) -> list[str]:
+    prefix = f'{keys.PREFIX}:queue:'
+    names = []
+    for member in raw:
+        key = _text(member) or ''
+        if key.startswith(prefix):
+            names.append(key[len(prefix) :])
+    return sorted(names)
+
+
+def read_snapshot(
+    connection: Redis,
+    *,
+    queues: Sequence[str] | None = None,
+    restart_grace: int | None = None,
+    scan_limit: int = DEFAULT_SCAN_LIMIT,
+) -> MetricsSnapshot:
+    """Read the state the metrics show, in at most :data:`ROUND_TRIPS` round trips. Writes nothing.
+
+    ``queues``: the queues to read; None (or empty) means every queue in ``<prefix>:queues``.
+    ``restart_grace``: None takes the settings (``RQ_EPOCH_RESTART_GRACE``, else heartbeat
+    plus lease margin), as the sweep does.
+
+    Raises:
+        EpochUnavailableError: the server yields no valid run_id.
+        redis.exceptions.RedisError: the server could not be read.
+    """
+    grace = EpochSettings.resolve(restart_grace=restart_grace).grace
+    limit = max(1, int(scan_limit))
+    current = read_epoch(connection)
+    age = epoch_age(current)
+    with connection.pipeline(transaction=False) as pipeline:
+        pipeline.time()
+        if not queues:
+            pipeline.smembers(f'{keys.PREFIX}:queues')
+        head = pipeline.execute()
+    seconds, micros = head[0]
+    now = float(seconds) + float(micros) / 1e6
+    names = list(dict.fromkeys(queues)) if queues else _queue_names(head[1])
+    snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
+    if not names:
+        return snapshot
+
+    per_queue = 9
+    with connection.pipeline(transaction=False) as pipeline:
+        for name in names:
+            leases, wip = keys.leases_key(name), keys.wip_key(name)
+            queue_key, failed = f'{keys.PREFIX}:queue:{name}', keys.failed_key(name)
+            pipeline.hgetall(keys.stats_key(name))
+            pipeline.zcard(leases)
+            pipeline.zcount(leases, '-inf', now)
+            pipeline.zrange(leases, 0, limit - 1, withscores=True)
+            pipeline.zcount(wip, '-inf', '(+inf')
+            pipeline.llen(queue_key)
+            pipeline.lrange(queue_key, 0, limit - 1)
+            pipeline.zcard(failed)
+            pipeline.zrevrange(failed, 0, limit - 1)
+        replies = pipeline.execute()
+
+    job_ids: dict[str, None] = {}
+    seen: list[tuple[QueueMetrics, list[tuple[re.Match[str] | None, float]], list[str], list[str]]] = []
+    for index, name in enumerate(names):
+        stats, n_leases, n_expired, lease_rows, n_stock, n_queued, queued, n_failed, failed = replies[
+            index * per_queue : (index + 1) * per_queue
+        ]
+        q = QueueMetrics(name=name)
+        counters = {_text(k) or '': v for k, v in stats.items()}
+        q.verdicts = {verdict: int(_number(counters.get(verdict))) for verdict in SWEPT_VERDICTS}
+        q.last_sweep = _number(counters.get('last_sweep'))
+        q.refused = int(_number(counters.get('refused')))
+        q.leases['live'] = int(n_leases) - int(n_expired)
+        q.stock_leases = int(n_stock)
+        q.truncated = int(n_leases) > limit or int(n_queued) > limit or int(n_failed) > limit
+        lease_entries = [(_MEMBER_RE.fullmatch(_text(member) or ''), float(score)) for member, score in lease_rows]
+        queued_ids = [_text(x) or '' for x in queued]
+        failed_ids = [_text(x) or '' for x in failed]
+        for match, _ in lease_entries:
+            if match:
+                job_ids[match.group(1)] = None
+        for job_id in (*queued_ids, *failed_ids):
+            job_ids[job_id] = None
+        seen.append((q, lease_entries, queued_ids, failed_ids))
+
+    jobs: dict[str, tuple[str | None, ...]] = {}
+    if job_ids:
+        ids = list(job_ids)
+        with connection.pipeline(transaction=False) as pipeline:
+            for job_id in ids:
+                pipeline.hmget(keys.job_key(job_id), *_JOB_FIELDS)
+            rows = pipeline.execute(raise_on_error=False)
+        for job_id, row in zip(ids, rows, strict=True):
+            if isinstance(row, Exception) or row[0] is None:  # not a hash, or gone
+                continue
+            jobs[job_id] = tuple(_text(value) for value in row)
+
+    for q, lease_entries, queued_ids, failed_ids in seen:
+        stalled: set[str] = set()
+        for match, deadline in lease_entries:
+            row = jobs.get(match.group(1)) if match else None
+            if deadline <= now:
+                q.leases[_lease_state(match, row, current.run_id, age, grace)] += 1
+            if match and row is not None and _waiting_with_stalls(row):
+                stalled.add(match.group(1))
+        for job_id in queued_ids:
+            row = jobs.get(job_id)
+            if row is not None and _waiting_with_stalls(row):
+                stalled.add(job_id)
+        q.stalled_jobs = len(stalled)
+        for job_id in failed_ids:
+            row = jobs.get(job_id)
+            if row is not None and row[0] == 'failed' and row[4] is not None:
+                q.dead_letters += 1
+        snapshot.queues.append(q)
+    return snapshot
+
+
+def _waiting_with_stalls(row: tuple[str | None, ...]) -> bool:
+    status, _, _, stalled, stall_dead = row
+    return status in ('queued', 'started') and stalled_count(stalled, status, stall_dead) > 0
+
+
+def _lease_state(
+    match: re.Match[str] | None, row: tuple[str | None, ...] | None, run_id: str, age: int, grace: int
+) -> str:
+    """The verdict the next sweep would give an expired lease, as a state of ``rq_epoch_leases``.
+
+    The same rule as the sweep script: a lease of a job that is gone, ended or started again
+    under another execution is stale (the sweep only drops the entry); a lease stamped by the
+    current server process is counted; any other lease is uncounted, and deferred while the
+    epoch is younger than the restart grace.
+    """
+    if match is None or row is None:
+        return 'expired-stale'
+    status, lease_epoch, lease_execution = row[0], row[1], row[2]
+    execution = match.group(2)
+    never_started = False
+    if status == 'started':
+        if lease_execution and lease_execution != execution:
+            return 'expired-stale'
+    elif status == 'queued' and lease_execution == execution:
+        never_started = True  # granted, then its worker died before starting it: never counted
+    else:
+        return 'expired-stale'
+    if not never_started and epoch.is_counted(lease_epoch, run_id):
+        return 'expired-counted'
+    return 'deferred' if age < grace else 'expired-uncounted'
+
+
+def _prometheus() -> Any:
+    try:
+        from prometheus_client import core
+    except ImportError as exc:
+        raise RqEpochError(_INSTALL_HINT) from exc
+    return core
+
+
+class EpochCollector:
+    """A ``prometheus-client`` collector of rq-epoch's metrics.
+
+    Register it in any registry::
+
+        from prometheus_client import CollectorRegistry
+        from rq_epoch.metrics import EpochCollector
+
+        registry = CollectorRegistry()
+        registry.register(EpochCollector(redis_connection))
+
+    Each collection reads the server once (:func:`read_snapshot`). When the server cannot be
+    read, the collection has ``rq_epoch_up 0`` and nothing else, and the reason is logged
+    on the ``rq_epoch`` logger (once per kind of error, until a read succeeds again).
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        *,
+        queues: Sequence[str] | None = None,
+        restart_grace: int | None = None,
+        scan_limit: int = DEFAULT_SCAN_LIMIT,
+    ) -> None:
+        EpochSettings.resolve(restart_grace=restart_grace)  # a bad setting fails here, not at a scrape
+        self.connection = connection
+        self.queues = list(queues or [])
+        self.restart_grace = restart_grace
+        self.scan_limit = scan_limit
+        self._last_error = ''
+
+    def snapshot(self) -> MetricsSnapshot:
+        """Read the server now (see :func:`read_snapshot`)."""
+        return read_snapshot(
+            self.connection, queues=self.queues, restart_grace=self.restart_grace, scan_limit=self.scan_limit
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric families, without samples (so registering does not read the server)."""
+        yield from self._families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the server and yield every metric family."""
+        try:
+            snapshot = self.snapshot()
+        except (redis.exceptions.RedisError, RqEpochError) as exc:
+            if type(exc).__name__ != self._last_error:
+                logger.warning('metrics: cannot read the server: %s: %s', type(exc).__name__, exc)
+                self._last_error = type(exc).__name__
+            core = _prometheus()
+            yield core.GaugeMetricFamily('rq_epoch_up', _HELP['up'], value=0)
+            return
+        self._last_error = ''
+        yield from self._families(snapshot)
+
+    def _families(self, snap: MetricsSnapshot | None) -> Iterator[Metric]:
+        core = _prometheus()
+        gauge, counter = core.GaugeMetricFamily, core.CounterMetricFamily
+        up = gauge('rq_epoch_up', _HELP['up'])
+        info = gauge('rq_epoch_server_info', _HELP['server_info'], labels=['run_id', 'role'])
+        age = gauge('rq_epoch_epoch_age_seconds', _HELP['age'])
+        grace = gauge('rq_epoch_restart_grace_remaining_seconds', _HELP['grace_remaining'])
+        verdicts = counter('rq_epoch_sweep_verdicts', _HELP['verdicts'], labels=['queue', 'verdict'])
+        refused = counter('rq_epoch_stale_outcomes_refused', _HELP['refused'], labels=['queue'])
+        last_sweep = gauge('rq_epoch_last_sweep_timestamp_seconds', _HELP['last_sweep'], labels=['queue'])
+        leases = gauge('rq_epoch_leases', _HELP['leases'], labels=['queue', 'state'])
+        stock = gauge('rq_epoch_stock_leases', _HELP['stock'], labels=['queue'])
+        dead = gauge('rq_epoch_dead_letters', _HELP['dead'], labels=['queue'])
+        stalled = gauge('rq_epoch_stalled_jobs', _HELP['stalled'], labels=['queue'])
+        truncated = gauge('rq_epoch_scrape_truncated', _HELP['truncated'], labels=['queue'])
+        if snap is not None:
+            up.add_metric([], 1)
+            info.add_metric([snap.server.run_id, snap.server.role or 'unknown'], 1)
+            age.add_metric([], snap.age)
+            grace.add_metric([], snap.grace_remaining)
+            for q in snap.queues:
+                for verdict in SWEPT_VERDICTS:
+                    verdicts.add_metric([q.name, verdict], q.verdicts.get(verdict, 0))
+                refused.add_metric([q.name], q.refused)
+                last_sweep.add_metric([q.name], q.last_sweep)
+                for state in LEASE_STATES:
+                    leases.add_metric([q.name, state], q.leases[state])
+                stock.add_metric([q.name], q.stock_leases)
+                dead.add_metric([q.name], q.dead_letters)
+                stalled.add_metric([q.name], q.stalled_jobs)
+                truncated.add_metric([q.name], 1 if q.truncated else 0)
+        yield from (up, info, age, grace, verdicts, refused, last_sweep, leases, stock, dead, stalled, truncated)
+
+
+_HELP = {
+    'up': '1 when this scrape read the server, 0 when it could not (the reason is logged).',
+    'server_info': 'The server process whose run_id stamps new leases (the current epoch), and its role.',
+    'age': 'Seconds the current epoch has lasted (today: the server process uptime).',
+    'grace_remaining': 'Seconds until leases of an older epoch may be swept; 0 once the restart grace is over.',
+    'verdicts': 'Expired leases the sweep judged, per verdict (kept in the server: they survive restarts).',
+    'refused': 'Outcomes of stale executions refused by the lease fence.',
+    'last_sweep': 'Server time of the last sweep of the queue, in seconds since the Unix epoch; 0 if none recorded.',
+    'leases': 'Leases of running jobs managed by rq-epoch, per state: live, or expired and what the next sweep '
+    'will do with them (counted stall, uncounted requeue, deferred for the restart grace, stale entry).',
+    'stock': "Jobs held by stock RQ workers (entries with a deadline in RQ's started registry).",
+    'dead': 'Jobs the sweep dead-lettered that are still in the failed registry.',
+    'stalled': 'Jobs waiting or running that have at least one counted stall.',
+    'truncated': '1 when a list or registry had more entries than the scan limit: per-entry counts are lower bounds.',
+}
+
+
+def serve(collector: EpochCollector, host: str = '127.0.0.1', port: int = DEFAULT_PORT) -> tuple[WSGIServer, Any]:
+    """Serve ``collector`` (and nothing else) at ``http://host:port/metrics`` in a daemon thread.
+
+    Returns the server and its thread (``server.server_port`` is the port bound, useful
+    with ``port=0``); stop it with ``server.shutdown()``.
+
+    Raises:
+        RqEpochError: prometheus-client is not installed.
+        OSError: the address cannot be bound.
+    """
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as exc:
+        raise RqEpochError(_INSTALL_HINT) from exc
+    registry: CollectorRegistry = CollectorRegistry()
+    registry.register(collector)  # type: ignore[arg-type]
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return server, thread

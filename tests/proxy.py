@@ -1,0 +1,119 @@
+"""A loopback TCP proxy that can hold one write on its way to the server.
+
+The fencing tests need a stale execution's commit to be *in flight*: sent by the worker
+after every check the worker makes, but not yet applied by the server, while a sweep takes
+the lease and a newer execution runs. The proxy forwards everything, except that once
+armed with a byte pattern it stops forwarding the first connection whose client sends
+those bytes, holds what it sent, and forwards it only when the test releases it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+__all__ = ['HoldingProxy']
+
+
+class HoldingProxy:
+    """Forward ``127.0.0.1:<port>`` to ``127.0.0.1:<upstream_port>``; hold on request."""
+
+    def __init__(self, upstream_port: int, hold_limit: float = 60.0) -> None:
+        self.upstream_port = upstream_port
+        self.hold_limit = hold_limit
+        self._listener = socket.create_server(('127.0.0.1', 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._pattern: bytes | None = None
+        self._lock = threading.Lock()
+        #: Set when a connection sent the pattern and its bytes are being held.
+        self.held = threading.Event()
+        self._released = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f'redis://127.0.0.1:{self.port}/0'
+
+    def hold(self, pattern: bytes) -> None:
+        """Hold the first client write that contains ``pattern`` (once)."""
+        with self._lock:
+            self._pattern = pattern
+            self.held.clear()
+            self._released.clear()
+
+    def release(self) -> None:
+        """Forward the held write (and what followed it on that connection)."""
+        self._released.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._released.set()
+        for sock in [self._listener, *self._sockets]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(('127.0.0.1', self.upstream_port), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._client_to_server, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _matches(self, tail: bytes, chunk: bytes) -> bool:
+        with self._lock:
+            pattern = self._pattern
+            if pattern is None or pattern not in tail + chunk:
+                return False
+            self._pattern = None  # hold once
+        return True
+
+    def _client_to_server(self, client: socket.socket, upstream: socket.socket) -> None:
+        tail = b''
+        try:
+            while True:
+                chunk = client.recv(65536)
+                if not chunk:
+                    break
+                if self._matches(tail, chunk):
+                    self.held.set()
+                    self._released.wait(self.hold_limit)
+                tail = chunk[-256:]
+                upstream.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while True:
+                chunk = source.recv(65536)
+                if not chunk:
+                    break
+                target.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, target):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

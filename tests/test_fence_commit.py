@@ -1,0 +1,92 @@
+"""The commit script and the armed pipeline, against a real server: the check and the write
+are one step, a refused commit writes nothing of the outcome, and the heartbeat tells its
+own commit from a sweep by the execution's identity."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from rq_epoch import Fence, OutcomeRefused, Queue, keys, scripts
+from rq_epoch.fence import arm
+from tests.leases import start_job
+
+
+def _fence(job_id: str, member: str) -> Fence:
+    return Fence('default', job_id, member.split(':', 1)[1])
+
+
+def _outcome(conn: redis.Redis, fence: Fence, *, with_script: bool = False, dependents: int = 2) -> list:
+    """An outcome transaction as RQ builds one, armed as the worker arms it."""
+    with conn.pipeline() as pipeline:
+        pipeline.hset(keys.job_key(fence.job_id), 'status', 'finished')
+        pipeline.zrem(keys.leases_key('default'), fence.member)
+        pipeline.sadd('test:dependents', *(f'd{i}' for i in range(dependents)))
+        if with_script:  # a transaction that already carries a script call
+            conn.register_script("return redis.call('RPUSH', KEYS[1], ARGV[1])")(
+                keys=['test:pushed'], args=['x'], client=pipeline
+            )
+        pipeline.xadd(f'{keys.PREFIX}:results:{fence.job_id}', {'type': '1'})
+        arm(pipeline, fence)
+        return pipeline.execute()
+
+
+@pytest.mark.parametrize(
+    ('with_script', 'dependents'), [(False, 2), (True, 2), (False, 20_000)], ids=['scripted', 'watched', 'long']
+)
+def test_the_holder_commits_and_replies_come_back_as_redis_py_gives_them(
+    conn, with_script: bool, dependents: int
+) -> None:
+    job, member = start_job(conn, Queue('default', connection=conn), expired=True)
+    replies = _outcome(conn, _fence(job.id, member), with_script=with_script, dependents=dependents)
+    assert replies[:3] == [0, 1, dependents]  # HSET of an existing field, ZREM of the lease, SADD
+    assert isinstance(replies[-1], str | bytes)  # the stream entry id
+    assert conn.hget(job.key, 'status') == b'finished'
+    assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
+    assert conn.lrange('test:pushed', 0, -1) == ([b'x'] if with_script else [])
+
+
+@pytest.mark.parametrize('with_script', [False, True], ids=['scripted', 'watched'])
+def test_after_a_sweep_took_the_lease_nothing_of_the_outcome_lands(conn, with_script: bool) -> None:
+    from rq_epoch import Sweeper
+
+    job, member = start_job(conn, Queue('default', connection=conn), expired=True)
+    (verdict,) = Sweeper(conn, restart_grace=0).sweep(['default']).verdicts
+    assert verdict.verdict == 'recovered'
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, _fence(job.id, member), with_script=with_script)
+    assert (refused.value.reason, refused.value.detail) == ('taken', 'recovered')
+    assert conn.hget(job.key, 'status') == b'queued'
+    assert conn.exists(f'{keys.PREFIX}:results:{job.id}', 'test:pushed', 'test:dependents') == 0
+    assert conn.hget(job.key, 'stale_outcomes') == b'1'
+    assert conn.hget(keys.stats_key('default'), 'refused') == b'1'
+
+
+def test_a_newer_grant_supersedes_the_old_execution(conn) -> None:
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, expired=False)
+    newer = f'{job.id}:newer'
+    scripts.grant()(conn, [keys.leases_key('default'), job.key], [newer, 60, 'newer'])
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, _fence(job.id, member))
+    assert (refused.value.reason, refused.value.detail) == ('superseded', 'newer')
+    assert conn.hget(job.key, 'status') == b'started'
+
+
+def test_the_commit_script_is_loaded_again_after_a_restart(server, conn) -> None:
+    job, member = start_job(conn, Queue('default', connection=conn), expired=False)
+    conn.script_flush()  # what a restart does to the script cache
+    assert conn.script_exists(scripts.commit().sha) == [False]
+    _outcome(conn, _fence(job.id, member))
+    assert conn.hget(job.key, 'status') == b'finished'
+
+
+def test_the_heartbeat_tells_its_own_commit_from_a_sweep_by_identity(conn) -> None:
+    """Own commit, then a newer grant: the old execution's extend says "gone", not "taken"."""
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, expired=False)
+    _outcome(conn, _fence(job.id, member))
+    scripts.grant()(conn, [keys.leases_key('default'), job.key], [f'{job.id}:newer', 60, 'newer'])
+    extend = [keys.leases_key('default'), job.key, keys.taken_key(member)]
+    extended, _, _, taken = scripts.extend()(conn, extend, [member, 30])
+    assert (extended, taken) == (0, b'')
