@@ -10,10 +10,10 @@ covered (RQ's own commands included):
   data). They are raised as :class:`~rq_epoch.errors.ServerOutageError`, a redis-py
   ``ConnectionError``, so the worker rides them out as it rides out a server that does not
   answer, and never quits or drops an outcome because of them.
-* **A command does not hang on a frozen server.** In the worker process (and in the
-  work-horse once its job has run), a command that is not a blocking one (``BLMOVE``...)
-  gets ``command_timeout`` seconds to answer rather than RQ's long socket timeout, so a
-  primary that stopped answering is noticed within a heartbeat.
+* **A command does not hang on a frozen server.** In the worker process, a command that is
+  not a blocking one (``BLMOVE``...) gets ``command_timeout`` seconds to answer rather than
+  RQ's long socket timeout, so a primary that stopped answering is noticed within a
+  heartbeat. The work-horse keeps RQ's socket timeout.
 * **Following a failover (Sentinel only).** redis-py's Sentinel pool asks the sentinels for
   the primary's address only when it opens a connection; pooled connections keep talking to
   a demoted primary, which stays a writable master until the sentinels convert it (seconds
@@ -188,8 +188,9 @@ class PrimaryWatch:
         self.name = name
         #: The process that installed the watch (the worker, not its work-horse).
         self.pid = os.getpid()
-        #: Processes whose non-blocking commands get ``command_timeout``: the worker, and a
-        #: work-horse once its job has run (:meth:`refresh`); never the job's own commands.
+        #: Processes whose non-blocking commands get ``command_timeout``: the worker only. A
+        #: work-horse keeps RQ's socket timeout: its job's own commands may be slow, and an
+        #: outcome in flight is fenced by the server wherever it lands.
         self.bounded_pids = {self.pid}
         #: The primary's address as last seen, and its run_id (when known).
         self.address: tuple[str, int] | None = None
@@ -266,12 +267,8 @@ class PrimaryWatch:
         """Ask the sentinels now unless that was done in the last ``max_age`` seconds.
 
         For the moment before an outcome is written: a work-horse whose job was short may
-        not have asked since the failover. From then on this process's non-blocking commands
-        get ``command_timeout`` too (in a work-horse the job has run by then), so that an
-        outcome sent to a primary that froze is sent again to the new one instead of waiting
-        for the old one to thaw and take it. Returns True when the primary moved.
+        not have asked since the failover. Returns True when the primary moved.
         """
-        self.bounded_pids.add(os.getpid())
         if self.checked_at is not None and time.monotonic() - self.checked_at < max_age:
             return False
         return self.check(force=True)
