@@ -23,7 +23,8 @@ covered (RQ's own commands included):
   shuts down the sockets of those in use (the pubsub thread's), so that each reconnects to
   the new primary. A worker
   heartbeats once per interval, so its next heartbeat re-stamps its lease on the new
-  primary. It logs one line per move: old and new address and run_id.
+  primary. It logs one line per move: old and new address and run_id, and the worker loads
+  its scripts there at once (a promoted replica has none in its cache).
 
 The work-horse is a fork of the worker: it inherits the watch, and asks the sentinels right
 before it records the job's outcome (:meth:`PrimaryWatch.refresh`).
@@ -38,6 +39,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
@@ -177,6 +179,7 @@ class PrimaryWatch:
         sentinel_timeout: float = 1.0,
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
         name: str = '',
+        on_move: Callable[[], None] | None = None,
     ) -> None:
         self.connection = connection
         self.pool: Any = connection.connection_pool
@@ -186,6 +189,8 @@ class PrimaryWatch:
         self.sentinel_timeout = sentinel_timeout
         self.log = log or logger
         self.name = name
+        #: Called after a move, on the new primary (the worker loads its scripts there).
+        self.on_move = on_move
         #: The process that installed the watch (the worker, not its work-horse).
         self.pid = os.getpid()
         #: Processes whose non-blocking commands get ``command_timeout``: the worker only. A
@@ -315,6 +320,11 @@ class PrimaryWatch:
             self.pool.disconnect(inuse_connections=False)
             self._shut_down_in_use()
             old_run_id, self.run_id = self.run_id, self._read_run_id()
+            if self.on_move is not None:
+                try:
+                    self.on_move()
+                except redis.exceptions.RedisError as exc:
+                    self.log.debug('Worker %s: after the move: %s', self.name, exc)
             level = logging.WARNING if os.getpid() == self.pid else logging.DEBUG
             self.log.log(
                 level,

@@ -184,6 +184,7 @@ class Worker(RQWorker):
             command_timeout=command_timeout,
             log=self.log,
             name=self.name,
+            on_move=lambda: scripts.load_all(self.connection),
         )
         return watch.install(run_id)
 

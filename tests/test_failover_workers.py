@@ -178,7 +178,7 @@ def test_failover_mid_job_costs_nothing_and_the_worker_follows(fleet, tmp_path: 
     assert executions(log, 'j') == (1, 1)
     assert (job.stalled, job.exempt_recoveries) == (0, 0)
     assert len(job.results()) == 1
-    assert new_client.zcard(keys.leases_key('fo')) == 0
+    wait_for(lambda: new_client.zcard(keys.leases_key('fo')) == 0, 10, what='the lease removed on the new primary')
     assert not [v for v in f.verdicts if v[1] == job.id and v[2] != 'settled']
     lines = moved_lines(worker)
     assert len(lines) == 1 and old_run_id in lines[0] and new_run_id in lines[0], worker.output()
@@ -278,7 +278,7 @@ def test_outcome_right_after_a_failover_is_recorded_on_the_new_primary(fleet, tm
     assert executions(log, 'o') == (1, 1)
     job = Job.fetch(job.id, connection=new_client)
     assert len(job.results()) == 1 and job.stalled == 0
-    assert new_client.zcard(keys.leases_key('out')) == 0
+    wait_for(lambda: new_client.zcard(keys.leases_key('out')) == 0, 10, what='the lease removed on the new primary')
     assert worker.proc.poll() is None
 
 
