@@ -9,7 +9,8 @@ that keeps killing its workers.
 from .epoch import is_counted, is_exempt, is_valid_run_id
 from .errors import ConfigurationError, EpochUnavailableError, OutcomeRefused, RqEpochError, StalledJobError
 from .fence import Fence
-from .job import Job
+from .job import EpochJobMixin, Job
+from .jobclass import epoch_job_class, is_epoch_job_class
 from .queue import Queue
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
@@ -20,6 +21,7 @@ __version__ = '0.1.0'
 
 __all__ = [
     'ConfigurationError',
+    'EpochJobMixin',
     'EpochSettings',
     'EpochUnavailableError',
     'Fence',
@@ -34,7 +36,9 @@ __all__ = [
     'SweepReport',
     'Sweeper',
     'Worker',
+    'epoch_job_class',
     'is_counted',
+    'is_epoch_job_class',
     'is_exempt',
     'is_valid_run_id',
     'read_epoch',
