@@ -9,6 +9,7 @@ that keeps killing its workers.
 from .epoch import is_counted, is_exempt, is_valid_run_id
 from .errors import ConfigurationError, EpochUnavailableError, OutcomeRefused, RqEpochError, StalledJobError
 from .fence import Fence
+from .flavours import SimpleWorker, SpawnWorker
 from .job import EpochJobMixin, Job
 from .jobclass import epoch_job_class, is_epoch_job_class
 from .queue import Queue
@@ -31,6 +32,8 @@ __all__ = [
     'Queue',
     'RqEpochError',
     'ServerEpoch',
+    'SimpleWorker',
+    'SpawnWorker',
     'StalledJobError',
     'StartedJobRegistry',
     'SweepReport',

@@ -277,8 +277,12 @@ class Worker(RQWorker):
             self._lease_lost(job, taken)
         self._sweep_if_due()
 
-    def _heartbeat_lease(self, job: Any, execution: Execution) -> tuple[bool, str, str]:
-        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease)."""
+    def _heartbeat_lease(self, job: Any, execution: Execution, connection: Any = None) -> tuple[bool, str, str]:
+        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease).
+
+        ``connection``: the client to send it with (a lease keeper thread has its own).
+        """
+        connection = connection if connection is not None else self.connection
         worker_ttl = self.job_monitoring_interval + 60
         if _TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
             working_time = (now() - job.started_at).total_seconds() if job.started_at else 0.0
@@ -286,7 +290,7 @@ class Worker(RQWorker):
         else:
             ttl = int(self.get_heartbeat_ttl(job))
         registry = job.started_job_registry
-        with self.connection.pipeline() as pipeline:
+        with connection.pipeline() as pipeline:
             self.heartbeat(worker_ttl, pipeline=pipeline)
             execution.heartbeat(registry, ttl, pipeline=pipeline)
             job_index = len(pipeline)
@@ -294,9 +298,9 @@ class Worker(RQWorker):
             results = pipeline.execute(raise_on_error=False)
         extend_result = results[registry.extend_index] if registry.extend_index is not None else None
         if isinstance(extend_result, redis.exceptions.NoScriptError):
-            scripts.load_all(self.connection)
+            scripts.load_all(connection)
             extend_result = scripts.extend()(
-                self.connection,
+                connection,
                 [registry.leases_key, job.key, keys.taken_key(execution.composite_key)],
                 [execution.composite_key, ttl],
             )
@@ -306,7 +310,7 @@ class Worker(RQWorker):
                     raise result
         if isinstance(extend_result, redis.exceptions.ResponseError):
             scripts.raise_typed(extend_result)
-        with self.connection.pipeline() as pipeline:
+        with connection.pipeline() as pipeline:
             if results[job_index] == 1:  # the job hash was gone: don't leave a stub (rq#1450)
                 pipeline.delete(job.key)
             if results[0] == 1:  # the worker hash had expired
