@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import signal
+import threading
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -124,6 +125,8 @@ class Worker(RQWorker):
         self._known_run_id: str | None = None
         self._server_lost_at: float | None = None
         self._lost_lease_job_ids: set[str] = set()
+        self._scheduler_tried_at = float('-inf')
+        self._dead_scheduler_pid: int | None = None
         self.last_sweep_report: SweepReport | None = None
 
     # -- start -----------------------------------------------------------------------
@@ -344,6 +347,10 @@ class Worker(RQWorker):
                 self._known_run_id,
                 run_id,
             )
+            try:
+                self._keep_scheduler(force=True)
+            except _CONNECTION_ERRORS:
+                pass
         elif self._known_run_id and run_id != self._known_run_id:
             self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
         if run_id != self._known_run_id:
@@ -506,8 +513,38 @@ class Worker(RQWorker):
             super().heartbeat(timeout)
             if self._server_lost_at is not None:
                 self._server_reachable(read_epoch(self.connection).run_id)
+            self._keep_scheduler()
         except _CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
+
+    def _keep_scheduler(self, force: bool = False) -> None:
+        """Start RQ's scheduler process again if it died (``--with-scheduler``, worker pools).
+
+        RQ's scheduler process quits on a connection error, so a server restart ends it; RQ
+        itself starts it again only with its maintenance (every ``maintenance_interval``,
+        10 minutes by default). This is RQ's own check (``acquire_locks(auto_start=True)``),
+        run as soon as the server is back (``force``) and at idle heartbeats (at most once
+        per sweep interval), for a scheduler this worker had started. Raises on a
+        connection error (the caller rides it out).
+        """
+        scheduler = self.scheduler
+        if scheduler is None or self._is_horse or self._stop_requested:
+            return
+        process = scheduler._process
+        if process is None or process.is_alive() or threading.current_thread() is not threading.main_thread():
+            return
+        if not force and time.monotonic() - self._scheduler_tried_at < self.epoch_settings.sweep_interval:
+            return
+        self._scheduler_tried_at = time.monotonic()
+        if self._dead_scheduler_pid != process.pid:
+            self._dead_scheduler_pid = process.pid
+            self.log.warning(
+                'Worker %s: the scheduler process (pid %s) has exited (exit code %s); starting it again',
+                self.name,
+                process.pid,
+                process.exitcode,
+            )
+        scheduler.acquire_locks(auto_start=True)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is not None:
