@@ -120,3 +120,14 @@ def test_the_worker_subclass_class_attribute_holds_under_the_rq_cli(conn: redis.
     wait_for(lambda: worker.proc.poll() is not None, 60, what='burst worker exit')
     assert job.latest_result() is not None, worker.output()
     assert job.latest_result().return_value == 'tests.jobclasses.TracedJob epoch=True traced=True'
+
+
+def test_rq_epoch_queue_gives_a_job_class_of_yours_the_stall_budget(conn: redis.Redis) -> None:
+    class TracedQueue(Queue):
+        job_class = TracedJob
+
+    for queue in (Queue('q', connection=conn, job_class=TracedJob), TracedQueue('q', connection=conn)):
+        assert queue.job_class is epoch_job_class(TracedJob)
+        job = queue.enqueue('tests.jobs.add', 1, 2, max_stalled=1)
+        assert isinstance(job, TracedJob)
+        assert conn.hget(job.key, 'max_stalled') == b'1'
