@@ -151,15 +151,23 @@ def test_a_sigkilled_worker_pool_is_a_counted_stall(conn, start_pool, tmp_path: 
     assert [(v.job_id, v.verdict, v.stalled) for v in report.verdicts] == [(job.id, 'recovered', 1)]
 
 
-@pytest.mark.parametrize('strategy', ['round_robin', 'random'])
-def test_dequeue_strategies(conn, start_worker, tmp_path: Path, strategy: str) -> None:
+@pytest.mark.parametrize(
+    ('flavour', 'strategy'),
+    [
+        ('rq_epoch.Worker', 'round_robin'),
+        ('rq_epoch.Worker', 'random'),
+        ('rq_epoch.SimpleWorker', 'round_robin'),
+        ('rq_epoch.SpawnWorker', 'round_robin'),
+    ],
+)
+def test_dequeue_strategies(conn, start_worker, tmp_path: Path, flavour: str, strategy: str) -> None:
     log = tmp_path / 'log'
     first, second = Queue('first', connection=conn), Queue('second', connection=conn)
     jobs = []
     for i in range(2):
         jobs.append(first.enqueue('tests.jobs.record', str(log), f'first{i}'))
         jobs.append(second.enqueue('tests.jobs.record', str(log), f'second{i}'))
-    worker = start_worker('first', 'second', burst=True, args=['--dequeue-strategy', strategy])
+    worker = start_worker('first', 'second', worker_class=flavour, burst=True, args=['--dequeue-strategy', strategy])
     wait_for(lambda: worker.proc.poll() is not None, 60, what='burst worker exit')
     assert worker.proc.returncode == 0, worker.output()
     for job in jobs:
