@@ -50,6 +50,11 @@ logger = logging.getLogger('rq_epoch')
 #: The channel on which the server sends client-tracking invalidations (RESP2).
 INVALIDATE_CHANNEL = '__redis__:invalidate'
 
+#: Error replies that mean "no writes here for now" (a demoted primary, too few replicas,
+#: a primary lost by its replica, a dataset loading): the take becomes a connection error,
+#: which RQ's dequeue loop rides out with backoff, instead of an error that ends the worker.
+_OUTAGE_REPLIES = frozenset({'READONLY', 'NOREPLICAS', 'MASTERDOWN', 'LOADING'})
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -206,9 +211,18 @@ class Taker:
 
         One script call, one round trip. Returns the queue and the job id, or None when
         every queue is empty.
+
+        Raises:
+            redis.exceptions.ConnectionError: also when the server answers that it takes no
+                writes for now (READONLY, NOREPLICAS, MASTERDOWN, LOADING): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
-        reply = scripts.take()(self.connection, script_keys, [])
+        try:
+            reply = scripts.take()(self.connection, script_keys, [])
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).split(' ', 1)[0] in _OUTAGE_REPLIES:
+                raise redis.exceptions.ConnectionError(f'the server cannot give out jobs now: {exc}') from exc
+            raise
         index = int(reply[0])
         if index == 0:
             return None

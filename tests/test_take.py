@@ -169,3 +169,16 @@ def test_an_in_process_worker_on_several_queues_takes_through_the_take(conn) -> 
     assert taken == [job.id]
     assert job.get_status(refresh=True) == JobStatus.FINISHED
     assert worker.queue_class is original  # the stand-in only serves the dequeue
+
+
+def test_a_server_that_takes_no_writes_is_an_outage_to_ride_out(conn) -> None:
+    queues = [Queue(name, connection=conn) for name in names(2)]
+    job = queues[1].enqueue('tests.jobs.add', 1, 2)
+    conn.config_set('min-replicas-to-write', 1)
+    try:
+        with pytest.raises(redis.exceptions.ConnectionError, match='NOREPLICAS'):
+            Taker(conn).take(queues)
+        assert queues[1].get_job_ids() == [job.id]
+    finally:
+        conn.config_set('min-replicas-to-write', 0)
+    assert Taker(conn).take(queues) == (queues[1], job.id)
