@@ -14,14 +14,16 @@ uncounted (verdict exempt). The grant script removes the entry once the lease ex
 the job is always either in a queue, in an intermediate list, or under a lease.
 
 A script cannot block, so the worker waits for a job without popping it: with the
-server's client tracking (Redis 6+, Valkey), a dedicated connection reads the length of
-each queue, and the next write to any of them, by any client (stock RQ enqueuers
+server's client tracking (Redis 6+, Valkey), a dedicated connection reads the queues
+(``EXISTS``), and the next write to any of them, by any client (stock RQ enqueuers
 included), makes the server push one invalidation message to a second connection
-subscribed to ``__redis__:invalidate``. The worker blocks reading that connection, wakes
-on the message and runs the take. An idle wait sends nothing and costs the server
-nothing until the dequeue timeout; no server configuration is needed. A server or proxy
-that refuses ``CLIENT TRACKING`` gets a short poll instead (one take every
-:attr:`Taker.poll_interval` seconds), announced by one warning.
+subscribed to ``__redis__:invalidate``. The worker blocks reading that connection; on the
+message it reads the queues again (which re-arms the wake-up) and runs the take only if
+one of them has a job. Every idle worker on a queue wakes at an enqueue, but only those
+that see the job run the take. An idle wait sends nothing until the dequeue timeout; no
+server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING`` gets a
+short poll instead (one take every :attr:`Taker.poll_interval` seconds), announced by one
+warning.
 """
 
 from __future__ import annotations
@@ -83,11 +85,11 @@ class TrackingRefused(Exception):
 class Waker:
     """Waits, without polling and without popping, until one of some queues may have a job.
 
-    :meth:`arm` reads the length of each queue on a connection with client tracking on
-    (its invalidations redirected to a second, subscribed connection); the server then
-    sends one message at the next write to any of those lists. :meth:`wait` blocks on
-    the subscribed connection until that message or the timeout. Arming again after a
-    wake-up is what re-arms it.
+    :meth:`arm` reads the queues on a connection with client tracking on (its
+    invalidations redirected to a second, subscribed connection); the server then sends
+    one message at the next write to any of those lists, by any client. :meth:`wait`
+    blocks on the subscribed connection until that message or the timeout. Arming again
+    after a wake-up re-arms it, and says whether the write left a job.
     """
 
     def __init__(self, connection: Redis) -> None:
@@ -118,49 +120,37 @@ class Waker:
         return listener, reader
 
     def arm(self, queue_keys: Sequence[str]) -> bool:
-        """Ask to be woken at the next write to any of ``queue_keys``.
+        """Ask to be woken at the next write to any of ``queue_keys``; say whether one has jobs.
 
-        One round trip. Returns True when a queue already has jobs (then there is no
-        reason to wait).
+        Wake-ups received so far are dropped first: any write after this read sends a new
+        one, so none that matters is lost. Then one ``EXISTS`` of every queue (a list
+        exists while it has a job) is both the answer and the arming read. Returns True
+        when a queue has jobs (there is no reason to wait).
 
         Raises:
             TrackingRefused: the server refused client tracking (both connections are closed).
             redis.exceptions.ConnectionError: a connection failed (both are closed).
         """
         try:
-            reader = self._reader if self._reader is not None else self._connect()[1]
-            reader.send_packed_command(reader.pack_commands([('LLEN', key) for key in queue_keys]))
-            lengths = [reader.read_response() for _ in queue_keys]
+            if self._reader is None or self._listener is None:
+                listener, reader = self._connect()
+            else:
+                listener, reader = self._listener, self._reader
+                self._drain(listener)
+            reader.send_command('EXISTS', *queue_keys)
+            existing = reader.read_response()
         except BaseException:
             self.close()
             raise
-        return any(int(length) > 0 for length in lengths)
+        return int(existing) > 0
 
     def wait(self, seconds: float) -> bool:
-        """Block up to ``seconds`` for a wake-up; True when one came (it is consumed)."""
+        """Block up to ``seconds`` for a wake-up; True when one came."""
         listener = self._listener
         if listener is None:
             return False
         try:
-            if not listener.can_read(timeout=seconds):
-                return False
-            self._drain(listener)
-        except BaseException:
-            self.close()
-            raise
-        return True
-
-    def drain(self) -> None:
-        """Discard the wake-ups received so far.
-
-        Called before each take: a message that arrives after it is about a write that
-        came after it, so none that matters is thrown away.
-        """
-        listener = self._listener
-        if listener is None:
-            return
-        try:
-            self._drain(listener)
+            return bool(listener.can_read(timeout=seconds))
         except BaseException:
             self.close()
             raise
@@ -292,10 +282,9 @@ class Taker:
         it waits up to ``timeout`` seconds for a job, then raises RQ's DequeueTimeout.
         """
         queues = list(queues)
+        queue_keys = [queue.key for queue in queues]
         deadline = None if timeout is None else time.monotonic() + timeout
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
-            if self._waker is not None:
-                self._waker.drain()
             found = self.take(queues)
             if found is not None:
                 queue, job_id = found
@@ -306,12 +295,9 @@ class Taker:
             if deadline is None:
                 return None
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            woken = self.wait([queue.key for queue in queues], remaining)
-            if not woken and time.monotonic() >= deadline:
+            if remaining <= 0 or not self.wait(queue_keys, remaining):
                 break  # no take at the deadline: RQ's loop heartbeats, then dequeues again
-        raise DequeueTimeout(timeout, [queue.key for queue in queues])
+        raise DequeueTimeout(timeout, queue_keys)
 
     def _fetch(self, queue: Queue, job_id: str, job_class: type[RQJob] | None, serializer: Any) -> RQJob | None:
         cls: Any = job_class or queue.job_class
@@ -329,12 +315,25 @@ class Taker:
     # -- waiting ---------------------------------------------------------------------------
 
     def wait(self, queue_keys: Sequence[str], seconds: float) -> bool:
-        """Return when one of ``queue_keys`` may have a job (True), or after ``seconds`` (False)."""
+        """Until one of ``queue_keys`` has a job (True), or ``seconds`` have passed (False).
+
+        A wake-up whose write left no job (another worker took it, or it was a write
+        that adds none) goes back to waiting after one ``EXISTS``, without a take: so
+        every idle worker wakes at an enqueue, but only those that see the job run the
+        take. While polling, it returns True after :attr:`poll_interval` seconds.
+        """
+        deadline = time.monotonic() + seconds
         if not self._polling:
             try:
                 if self._waker is None:
                     self._waker = Waker(self.connection)
-                return self._waker.arm(queue_keys) or self._waker.wait(seconds)
+                for _ in range(1_000_000):
+                    if self._waker.arm(queue_keys):
+                        return True
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._waker.wait(remaining):
+                        return False
+                return False
             except redis.exceptions.RedisError:
                 self._waker = None  # closed: the next wait connects again
                 raise
@@ -346,7 +345,7 @@ class Taker:
                     exc,
                     self.poll_interval,
                 )
-        time.sleep(max(0.0, min(self.poll_interval, seconds)))
+        time.sleep(max(0.0, min(self.poll_interval, deadline - time.monotonic())))
         return True
 
     def close(self) -> None:

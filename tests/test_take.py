@@ -100,8 +100,23 @@ def test_an_idle_taker_wakes_at_a_stock_enqueue_without_polling(conn) -> None:
     def calls(name: str) -> int:
         return int(after[f'cmdstat_{name}']['calls']) - int(before.get(f'cmdstat_{name}', {}).get('calls', 0))
 
-    # One take, one read of each queue (the wake-up), then nothing until the timeout.
-    assert (calls('evalsha'), calls('llen')) == (1, 3)
+    # One take, one read of the queues (the wake-up), then nothing until the timeout.
+    assert (calls('evalsha'), calls('exists')) == (1, 1)
+
+    # A write that leaves no job wakes it: it reads the queues again, and takes nothing.
+    def push_and_pop() -> None:
+        time.sleep(0.3)
+        with conn.pipeline() as pipe:  # one transaction: the list is empty again at once
+            pipe.rpush(queues[1].key, 'x').lpop(queues[1].key).execute()
+
+    thread = threading.Thread(target=push_and_pop, daemon=True)
+    thread.start()
+    before = conn.info('commandstats')
+    with pytest.raises(DequeueTimeout):
+        taker.dequeue_any(queues, 1, job_class=Job)
+    thread.join(5)
+    after = conn.info('commandstats')
+    assert (calls('evalsha'), calls('exists')) == (1, 2)
 
     thread = _push_later(StockQueue(queues[2].name, connection=conn), 0.3)
     job, queue = taker.dequeue_any(queues, 10, job_class=Job)
