@@ -43,14 +43,17 @@ def test_connection_cut_right_after_the_take_loses_nothing(
     assert worker.proc.poll() is None  # it rode out the cut
 
 
+@pytest.mark.parametrize('n', [2, 3])
 def test_stock_rq_loses_the_job_when_the_connection_is_cut_after_the_pop(
-    conn, proxy, start_worker, tmp_path: Path
+    conn, proxy, start_worker, tmp_path: Path, n: int
 ) -> None:
-    queue_names = names(2)
-    log = tmp_path / 'log'
-    job = StockQueue(queue_names[-1], connection=conn).enqueue('tests.jobs.record', str(log), 'start')
-    proxy.cut(b'BLPOP')
-    cut = start_worker(*queue_names, worker_class=None, url=proxy.url)
-    assert proxy.cut_done.wait(30), 'the stock worker never popped the job'
-    stock_lost(conn, queue_names, job.id, log, start_worker)
-    assert cut.proc.poll() is None
+    for strategy in STRATEGIES:
+        queue_names = names(n, f'-{strategy}')
+        log = tmp_path / f'log-{strategy}'
+        job = StockQueue(queue_names[-1], connection=conn).enqueue('tests.jobs.record', str(log), 'start')
+        proxy.cut(b'BLPOP')
+        cut = start_worker(*queue_names, worker_class=None, url=proxy.url, args=['--dequeue-strategy', strategy])
+        assert proxy.cut_done.wait(30), 'the stock worker never popped the job'
+        stock_lost(conn, queue_names, job.id, log, start_worker)
+        assert cut.proc.poll() is None
+        cut.stop()

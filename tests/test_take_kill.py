@@ -41,9 +41,10 @@ def test_worker_killed_right_after_the_take_loses_nothing(
     assert "sweep judged 1 expired lease(s): {'exempt': 1}" in worker.output()
 
 
-def test_stock_rq_loses_the_job_when_killed_right_after_the_pop(conn, start_worker, tmp_path: Path) -> None:
+@pytest.mark.parametrize('n', [2, 3])
+def test_stock_rq_loses_the_job_when_killed_right_after_the_pop(conn, start_worker, tmp_path: Path, n: int) -> None:
     for strategy in STRATEGIES:
-        queue_names = names(2, f'-{strategy}')
+        queue_names = names(n, f'-{strategy}')
         log = tmp_path / f'log-{strategy}'
         job = StockQueue(queue_names[-1], connection=conn).enqueue('tests.jobs.record', str(log), 'start')
         dying = start_worker(
