@@ -25,6 +25,7 @@ BENCHMARKS = {
     'worker_throughput': ('runs', 'summary'),
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
     'memory': ('rows',),
+    'pickup': ('runs', 'fleet', 'summary'),
 }
 
 
@@ -77,6 +78,7 @@ def test_report_renders_every_section(results_dir: Path) -> None:
         '### 2. What a cleanup does',
         '### 3. Worker throughput',
         '### 4. Server memory per running job',
+        '### 5. Picking up jobs on several queues',
     ):
         assert heading in text
 
