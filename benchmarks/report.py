@@ -294,6 +294,15 @@ def pickup_section(doc: dict[str, Any]) -> str:
         out += '\n\n' + md_table(
             ['idle fleet', 'workers', 'wait calls / job', 'wait server µs / job', 'pickup p50 ms'], fleet_rows
         )
+    alone = doc.get('wait_alone')
+    if alone:
+        alone_rows = [
+            [side, alone[side]['n'], alone[side]['p50_ms'], alone[side]['p90_ms'], alone[side]['p99_ms']]
+            for side in (STOCK, EPOCH)
+        ]
+        out += '\n\n' + md_table(
+            ['enqueue → dequeue returns (no fork)', 'samples', 'p50 ms', 'p90 ms', 'p99 ms'], alone_rows
+        )
     return out
 
 

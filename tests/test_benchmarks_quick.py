@@ -25,7 +25,7 @@ BENCHMARKS = {
     'worker_throughput': ('runs', 'summary'),
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
     'memory': ('rows',),
-    'pickup': ('runs', 'fleet', 'summary'),
+    'pickup': ('runs', 'fleet', 'wait_alone', 'summary'),
 }
 
 
