@@ -31,6 +31,7 @@ from rq import Queue
 from rq_epoch.settings import DEFAULTS
 
 from .common import EPOCH, ROOT, STOCK, parser, server, server_version, table, write_results
+from .fixture import _children
 
 NAME = 'detection'
 QUEUE = 'detect'
@@ -49,13 +50,6 @@ def _starts(path: Path) -> list[tuple[float, int, int]]:
         t, pid, ppid = line.split()
         rows.append((float(t), int(pid), int(ppid)))
     return rows
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
-    except OSError:
-        return []
 
 
 def _wait(condition: Any, timeout: float, interval: float = 0.05) -> Any:

@@ -95,11 +95,7 @@ class HoldingProxy:
         except OSError:
             pass
         finally:
-            for sock in (client, upstream):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shutdown(client, upstream)
 
     @staticmethod
     def _pump(source: socket.socket, target: socket.socket) -> None:
@@ -112,8 +108,13 @@ class HoldingProxy:
         except OSError:
             pass
         finally:
-            for sock in (source, target):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shutdown(source, target)
+
+
+def _shutdown(*sockets: socket.socket) -> None:
+    """End both directions of each socket, so the pump on the other side ends too."""
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
