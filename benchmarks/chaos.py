@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -65,6 +65,7 @@ from rq.queue import Queue as RQQueue
 import rq_epoch
 from rq_epoch import keys
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.failover import is_outage
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = 'chaos'
@@ -82,6 +83,10 @@ RESULT_TTL = 7 * 24 * 3600
 ALLOWED_REASONS = {'kill', 'freeze', 'poison pill'}
 #: Seconds a kill or freeze may wait past its planned time for a worker that is running a job.
 BUSY_WAIT = 10.0
+#: Seconds after a promotion (or a frozen primary's thaw) during which an execution cut short is
+#: attributed to the failover: the old primary stays a writable master until the sentinels
+#: convert it, about 10 s later.
+FAILOVER_TAIL = 15.0
 _SERVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError)
 
 
@@ -119,6 +124,16 @@ class Config:
     respawn_delay: float = 1.0
     keep: bool = False
     workdir: str | None = None
+    #: ``single`` (one server) or ``sentinel`` (a primary, ``replicas`` replicas, three sentinels).
+    topology: str = 'single'
+    replicas: int = 1
+    #: Sentinel topology: manual failovers (``SENTINEL FAILOVER``) and frozen primaries.
+    failovers: int = 0
+    primary_freezes: int = 0
+    #: Seconds a frozen primary stays stopped (the sentinels promote a replica meanwhile).
+    primary_freeze_for: float = 8.0
+    #: Sentinel topology: ``min-replicas-to-write`` on every server (0: off).
+    min_replicas: int = 0
 
     @property
     def retry_budget(self) -> int:
@@ -146,7 +161,12 @@ class Config:
         """
         if self.drain is not None:
             return self.drain
-        return self.max_stalled * (self.lease(side) + 2 * self.sweep_interval) + self.max_seconds + 30
+        base = self.max_stalled * (self.lease(side) + 2 * self.sweep_interval) + self.max_seconds + 30
+        if self.topology == 'sentinel':
+            # Each failover can leave a backlog: with min-replicas-to-write, the new primary takes
+            # no write until the old one has rejoined as its replica (10-20 s).
+            base += 20 * (self.failovers + self.primary_freezes)
+        return base
 
     def command(self) -> str:
         """The command line that reproduces this run."""
@@ -193,6 +213,12 @@ _FLAGS = {
     'respawn_delay': '--respawn-delay',
     'keep': '--keep',
     'workdir': '--workdir',
+    'topology': '--topology',
+    'replicas': '--replicas',
+    'failovers': '--failovers',
+    'primary_freezes': '--primary-freezes',
+    'primary_freeze_for': '--primary-freeze-for',
+    'min_replicas': '--min-replicas',
 }
 
 
@@ -213,7 +239,9 @@ class FaultSpec:
     """One planned fault."""
 
     at: float
-    kind: str  # 'restart' (SHUTDOWN), 'crash' (kill -9 of the server), 'kill', 'freeze'
+    # 'restart' (SHUTDOWN), 'crash' (kill -9 of the server), 'kill', 'freeze'; Sentinel topology:
+    # 'failover' (SENTINEL FAILOVER), 'primary-freeze' (SIGSTOP of the primary, SIGCONT after ``hold``)
+    kind: str
     slot: int  # the worker slot to start looking for a busy worker from
     hold: float  # seconds down (restarts) or frozen (freezes)
 
@@ -298,6 +326,16 @@ def make_plan(cfg: Config) -> Plan:
         faults.append(
             FaultSpec(round(rng.uniform(start, end), 3), 'freeze', rng.randrange(cfg.workers), cfg.freeze_seconds)
         )
+    # Drawn last, so that a plan without them is the same as before they existed. Spread
+    # evenly (with jitter): each needs the topology settled again after the previous one.
+    topology_faults = ['failover'] * cfg.failovers + ['primary-freeze'] * cfg.primary_freezes
+    rng.shuffle(topology_faults)
+    if topology_faults:
+        span = (end - start) / len(topology_faults)
+        for k, kind in enumerate(topology_faults):
+            at = start + span * (k + 0.5) + rng.uniform(-0.2, 0.2) * span
+            hold = cfg.primary_freeze_for if kind == 'primary-freeze' else 0.0
+            faults.append(FaultSpec(round(at, 3), kind, 0, hold))
     faults.sort(key=lambda f: (f.at, f.kind))
     return Plan(tuple(jobs), tuple(faults))
 
@@ -393,11 +431,15 @@ class Slot:
 class Supervisor:
     """Keeps ``n`` real ``rq worker`` processes running; ends what exited workers leave."""
 
-    def __init__(self, side: str, cfg: Config, url: str, folder: Path, recorder: Recorder, reaper: bool) -> None:
-        """Slots for ``cfg.workers`` workers of ``side`` against ``url``; logs go to ``folder``."""
+    def __init__(
+        self, side: str, cfg: Config, connection: list[str], folder: Path, recorder: Recorder, reaper: bool
+    ) -> None:
+        """Slots for ``cfg.workers`` workers of ``side``; ``connection`` is their connection options
+        (``--url URL``, or ``-c MODULE -P DIR`` for a settings module with RQ's ``SENTINEL`` dict);
+        logs go to ``folder``."""
         self.side = side
         self.cfg = cfg
-        self.url = url
+        self.connection = connection
         self.folder = folder
         self.recorder = recorder
         self.reaper = reaper
@@ -412,7 +454,7 @@ class Supervisor:
 
     def argv(self) -> list[str]:
         """The ``rq worker`` command line of this side."""
-        argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', self.url]
+        argv = [sys.executable, '-m', 'rq.cli', 'worker', *self.connection]
         argv += ['--job-monitoring-interval', str(self.cfg.heartbeat)]
         if self.side == EPOCH:
             argv += ['--worker-class', 'rq_epoch.Worker']
@@ -575,24 +617,35 @@ def epoch_environment(cfg: Config) -> dict[str, str]:
 class Producer(threading.Thread):
     """Enqueues the planned jobs at their times, riding out server outages."""
 
-    def __init__(self, side: str, cfg: Config, plan: Plan, url: str, ledger: Path, t0: float) -> None:
-        """A producer for ``side`` that enqueues ``plan`` on ``url``, timed from ``t0``."""
+    def __init__(
+        self, side: str, cfg: Config, plan: Plan, connect: Callable[[], redis.Redis], ledger: Path, t0: float
+    ) -> None:
+        """A producer for ``side`` that enqueues ``plan`` through ``connect()``, timed from ``t0``.
+
+        Under Sentinel ``connect`` asks the sentinels: a new connection is made for every job,
+        as a short-lived producer would, so that no job is enqueued on a demoted primary.
+        """
         super().__init__(name=f'producer-{side}', daemon=True)
         self.side = side
         self.cfg = cfg
         self.plan = plan
-        self.url = url
+        self.connect = connect
         self.ledger = ledger
         self.t0 = t0
         self.stop = threading.Event()
+        #: Cleared by the harness while a manual failover is under way: the producer stands for
+        #: clients that are not under test, and a job enqueued on the old primary in the instant
+        #: after the promotion would be lost with every other write there.
+        self.calm = threading.Event()
+        self.calm.set()
         self.enqueued: list[str] = []
         self.errors: list[str] = []
 
     def run(self) -> None:
         """Enqueue every planned job at its time (stops early when :attr:`stop` is set)."""
-        client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=1)
         queue_class = rq_epoch.Queue if self.side == EPOCH else RQQueue
-        queue = queue_class(QUEUE, connection=client)
+        fresh = self.cfg.topology == 'sentinel'
+        client = self.connect()
         try:
             for spec in self.plan.jobs:
                 delay = self.t0 + spec.at - time.time()
@@ -600,7 +653,11 @@ class Producer(threading.Thread):
                     return
                 if self.stop.is_set():
                     return
-                self._enqueue(queue, client, spec)
+                self.calm.wait(60)
+                if fresh:
+                    client.close()
+                    client = self.connect()
+                self._enqueue(queue_class(QUEUE, connection=client), client, spec)
         finally:
             client.close()
 
@@ -633,7 +690,9 @@ class Producer(threading.Thread):
                     break  # the enqueue (one transaction) landed before the connection dropped
                 queue.enqueue_call(func, args=args, **kwargs)
                 break
-            except _SERVER_ERRORS:
+            except (*_SERVER_ERRORS, redis.exceptions.ResponseError) as exc:
+                if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
+                    raise  # NOREPLICAS, READONLY...: the server cannot take writes now; anything else is a bug
                 attempt += 1
                 if time.monotonic() > deadline:
                     self.errors.append(f'{spec.id}: server unreachable for 120 s, not enqueued')
@@ -745,6 +804,8 @@ class SideResult:
             'restarts_crash': sum(1 for e in restarts if e.get('crash')),
             'kills': events['kill'],
             'freezes': events['freeze'],
+            'failovers': events['failover'] - events['failover-refused'],
+            'primary_freezes': events['primary-freeze'],
             'faults_skipped': events['fault-skipped'],
             'worker_exits': events['worker-exit'],
             'worker_exits_own': sum(
@@ -783,6 +844,23 @@ class SideRun:
         self.ledger = folder / 'ledger.log'
         (folder / 'data').mkdir(exist_ok=True)  # EmbeddedServer expects the folder to exist
         self.server = EmbeddedServer(cfg.server, data_dir=folder / 'data', appendfsync='always')
+        self.topology: Any = None
+        if cfg.topology == 'sentinel':
+            from tests.sentinel import SentinelTopology
+
+            guard = {'min-replicas-to-write': str(cfg.min_replicas), 'min-replicas-max-lag': '10'}
+            self.topology = SentinelTopology(
+                folder / 'topology',
+                cfg.server,
+                down_after_ms=1000,
+                replicas=cfg.replicas,
+                appendfsync='always',
+                primary_config=guard if cfg.min_replicas else None,
+                replica_config=guard if cfg.min_replicas else None,
+            )
+            self.server = self.topology.primary
+        self.topology_busy_until = 0.0
+        self.failover_attempts: Counter[int] = Counter()
         self.server_up = False
         self.recorder = Recorder(folder / 'events.jsonl', time.time())
         self.supervisor: Supervisor | None = None
@@ -796,17 +874,25 @@ class SideRun:
         """Start everything, inject the faults, drain, stop the processes, audit; always clean up."""
         started = time.monotonic()
         try:
-            self.server.start()
+            if self.topology is not None:
+                self.topology.start()
+                connection = ['-c', self.topology.settings_module(self.folder / 'settings', socket_timeout=5)]
+                connection += ['-P', str(self.folder / 'settings')]
+            else:
+                self.server.start()
+                connection = ['--url', self.server.url]
             self.server_up = True
             self.recorder.add('server-start', run_id=self.server.run_id(), pid=self.server.pid)
-            self.supervisor = Supervisor(self.side, self.cfg, self.server.url, self.folder, self.recorder, self.reaper)
+            self.supervisor = Supervisor(self.side, self.cfg, connection, self.folder, self.recorder, self.reaper)
             self.supervisor.managed.add(self.server.pid or 0)
+            if self.topology is not None:
+                self.supervisor.managed.update(self.topology.pids)
             self.supervisor.start_all()
             self.sweeper = self._start_sweeper()
             t0 = time.time()
             self.t0 = t0
             self.recorder.t0 = t0
-            self.producer = Producer(self.side, self.cfg, self.plan, self.server.url, self.ledger, t0)
+            self.producer = Producer(self.side, self.cfg, self.plan, self.client, self.ledger, t0)
             self.producer.start()
             self._inject(t0)
             self._drain()
@@ -821,13 +907,16 @@ class SideRun:
         env = dict(os.environ)
         env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
         env.update(epoch_environment(self.cfg))
+        if self.topology is not None:
+            where = ['--sentinel', ','.join(f'{h}:{p}' for h, p in self.topology.instances)]
+        else:
+            where = ['--url', self.server.url]
         argv = [
             sys.executable,
             '-m',
             'benchmarks.chaos',
             'sweeper',
-            '--url',
-            self.server.url,
+            *where,
             '--side',
             self.side,
             '--interval',
@@ -850,6 +939,51 @@ class SideRun:
         assert self.supervisor is not None
         self.supervisor.managed.add(proc.pid)
         return proc
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new client to the primary: the server, or under Sentinel whichever the sentinels name."""
+        options = {'socket_timeout': 5, 'socket_connect_timeout': 1, **kwargs}
+        if self.topology is None:
+            return self.server.client(**options)
+        from tests.sentinel import MASTER_NAME
+
+        return self.topology.sentinel().master_for(MASTER_NAME, **options)
+
+    def _topology_fault(self, fault: FaultSpec) -> tuple[float, str, Any] | None:
+        """A failover or a frozen primary, once the topology has settled from the last one."""
+        topology = self.topology
+        if topology is None:
+            raise ValueError(f'{fault.kind} needs --topology sentinel')
+        key = id(fault)
+        if time.time() < self.topology_busy_until or not topology.ready():
+            self.failover_attempts[key] += 1
+            if self.failover_attempts[key] > 120:
+                self.recorder.add('fault-skipped', fault=fault.kind, planned=fault.at, why='topology never settled')
+                return None
+            return (time.time() + 0.5, 'fault', fault)
+        old = topology.current_primary()
+        old_run_id = old.run_id()
+        if fault.kind == 'failover':
+            self.recorder.add('failover', planned=fault.at, run_id=old_run_id, port=old.port)
+            assert self.producer is not None
+            self.producer.calm.clear()
+            try:
+                old, new = topology.failover(timeout=30)
+            except (redis.exceptions.ResponseError, TimeoutError) as exc:  # e.g. NOGOODSLAVE: try again soon
+                self.recorder.add('failover-refused', error=str(exc))
+                self.failover_attempts[key] += 1
+                return (time.time() + 1.0, 'fault', fault) if self.failover_attempts[key] <= 20 else None
+            finally:
+                self.producer.calm.set()
+            self.recorder.add('promoted', run_id=new.run_id(), port=new.port, old_port=old.port)
+            self.topology_busy_until = time.time() + 2.0
+            return None
+        frozen_at = time.time()
+        self.recorder.add('primary-freeze', planned=fault.at, run_id=old_run_id, port=old.port, pid=old.pid)
+        old, new = topology.freeze_until_promoted(timeout=60)
+        self.recorder.add('promoted', run_id=new.run_id(), port=new.port, old_port=old.port)
+        self.topology_busy_until = float('inf')
+        return (max(time.time(), frozen_at + fault.hold), 'primary-thaw', old)
 
     def _inject(self, t0: float) -> None:
         """Run the fault schedule; supervise the workers meanwhile."""
@@ -878,6 +1012,8 @@ class SideRun:
         assert self.supervisor is not None
         if what == 'fault':
             fault: FaultSpec = payload
+            if fault.kind in ('failover', 'primary-freeze'):
+                return self._topology_fault(fault)
             if fault.kind in ('restart', 'crash'):
                 if not self.server_up:
                     return (time.time() + 0.5, 'fault', fault)  # never two outages at once
@@ -911,12 +1047,17 @@ class SideRun:
             slot, pid = payload
             self.recorder.add('thaw', slot=slot.index, pid=pid, resumed=self.supervisor.thaw(slot, pid))
             return None
+        if what == 'primary-thaw':
+            self.topology.thaw(payload)
+            self.recorder.add('primary-thaw', port=payload.port, pid=payload.pid)
+            self.topology_busy_until = time.time() + 2.0
+            return None
         raise ValueError(what)
 
     def _drain(self) -> None:
         """Wait, bounded, until every job has ended (or only dead-ends are left)."""
         assert self.supervisor is not None
-        client = self.server.client(socket_timeout=5, socket_connect_timeout=1)
+        client = self.client()
         ids = [j.id for j in self.plan.jobs]
         parents = {j.id: j.parent for j in self.plan.jobs}
         deadline = time.monotonic() + self.cfg.drain_seconds(self.side)
@@ -974,7 +1115,10 @@ class SideRun:
         try:
             self._stop_processes()
         finally:
-            self.server.close()
+            if self.topology is not None:
+                self.topology.close()
+            else:
+                self.server.close()
 
 
 def _run_id(server: EmbeddedServer) -> str:
@@ -1032,18 +1176,40 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
         return str(min(hit, key=lambda e: e['t'])['kind'])
     outages = _outages(events)
     in_outage = any(down <= until and up + 5 >= attempt.start for down, up in outages)
+    in_failover = any(start <= until and end + FAILOVER_TAIL >= attempt.start for start, end in _failovers(events))
     own_exit = [
         e for e in events
         if e['kind'] == 'worker-exit' and e.get('pid') == attempt.ppid and e['cause'] != 'harness kill'
         and attempt.start - 0.05 <= e['t'] <= until
     ]  # fmt: skip
     if own_exit:
-        return 'restart' if in_outage else 'worker exit'
+        return 'restart' if in_outage else ('failover' if in_failover else 'worker exit')
+    if in_failover:  # also two executions at once: one of them took the job from the old primary
+        return 'failover'
     if following is not None and attempt.end is not None and following < attempt.end:
         return 'ran twice at once'
     if in_outage:
         return 'restart'
     return 'unexplained'
+
+
+def _failovers(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Failovers and frozen primaries from the event log, as (start, promoted or thawed) times."""
+    out: list[tuple[float, float]] = []
+    start: float | None = None
+    frozen = False
+    for e in events:
+        kind = e['kind']
+        if kind in ('failover', 'primary-freeze'):
+            start, frozen = e['t'], kind == 'primary-freeze'
+        elif kind == 'failover-refused':
+            start = None
+        elif start is not None and ((kind == 'promoted' and not frozen) or kind == 'primary-thaw'):
+            out.append((start, e['t']))
+            start = None
+    if start is not None:
+        out.append((start, float('inf')))
+    return out
 
 
 def _outages(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -1069,7 +1235,7 @@ def _text(value: Any) -> str:
 def audit(run: SideRun, wall: float) -> SideResult:
     """Audit every job of a side against the ledger; check rq-epoch's invariants."""
     cfg, plan, side = run.cfg, run.plan, run.side
-    client = run.server.client(socket_timeout=30)
+    client = run.client(socket_timeout=30)
     try:
         return _audit(client, run, cfg, plan, side, wall)
     finally:
@@ -1180,6 +1346,13 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
 def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
     """rq-epoch's invariants; each violation is ``'<job id>: <what>'``."""
     out: list[str] = []
+    allowed = ALLOWED_REASONS
+    if cfg.topology == 'sentinel' and cfg.min_replicas < cfg.replicas:
+        # Replication is asynchronous: a write the old primary took in the instant between the
+        # promotion and the moment the sentinels name the new primary (an outcome, a grant) is
+        # lost with every other write there, unless every replica had to acknowledge it. Such
+        # a job may run again, but uncounted: the stall check below still applies.
+        allowed = ALLOWED_REASONS | {'failover'}
     for job in jobs:
         if job.state in ('lost', 'stuck'):
             out.append(f'{job.id}: {job.state} (status {job.status}, in {job.where or "nothing"})')
@@ -1199,7 +1372,7 @@ def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
                     f'{job.exempt} uncounted recoveries'
                 )
         for attempt in job.attempts[:-1]:
-            if attempt.reason not in ALLOWED_REASONS:
+            if attempt.reason not in allowed:
                 out.append(
                     f'{job.id}: ran again after execution {attempt.n} (worker {attempt.ppid}) without a kill or '
                     f'freeze of its worker ({attempt.reason})'
@@ -1320,6 +1493,12 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
             f'{_n(r["restarts"], "restart")} ({r["restarts"] - r["restarts_crash"]} SHUTDOWN, '
             f'{r["restarts_crash"]} kill -9), {_n(r["kills"], "kill")}, {_n(r["freezes"], "freeze")}'
         )
+        if cfg.topology == 'sentinel':
+            primaries = 'frozen primary' if r['primary_freezes'] == 1 else 'frozen primaries'
+            faults = (
+                f'{_n(r["failovers"], "failover")}, {r["primary_freezes"]} {primaries}, '
+                f'{_n(r["kills"], "kill")}, {_n(r["freezes"], "freeze")}'
+            )
         healthy_stalls = str(r['counted_stalls_healthy']) if result.side == EPOCH else 'n/a'
         recoveries = str(r['uncounted_recoveries']) if result.side == EPOCH else 'n/a'
         lines.append(
@@ -1343,6 +1522,12 @@ def describe(cfg: Config) -> str:
         f'leases {cfg.lease(EPOCH):.0f} s (rq-epoch) / {cfg.lease(STOCK):.0f} s (stock), sweeps every '
         f'{cfg.sweep_interval} s, restart grace {cfg.restart_grace} s; server {cfg.server}; seed {cfg.seed}; '
         f'RQ {rq.__version__}'
+    ) + (
+        f'; Sentinel topology: a primary, {cfg.replicas} replica(s), 3 sentinels (down-after 1 s), '
+        f'{cfg.failovers} failovers, {cfg.primary_freezes} frozen primaries ({cfg.primary_freeze_for:.0f} s), '
+        f'min-replicas-to-write {cfg.min_replicas}'
+        if cfg.topology == 'sentinel'
+        else ''
     )
 
 
@@ -1445,6 +1630,23 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     p.add_argument('--respawn-delay', type=float, default=d.respawn_delay)
     p.add_argument('--keep', action='store_true', help='keep the work folder (logs, ledger, events)')
     p.add_argument('--workdir', default=None, help='work folder (default: a new temp folder)')
+    p.add_argument(
+        '--topology',
+        choices=('single', 'sentinel'),
+        default=d.topology,
+        help="one server, or a primary with replicas and three sentinels (workers use RQ's SENTINEL settings)",
+    )
+    p.add_argument('--replicas', type=int, default=d.replicas, help='replicas in the Sentinel topology')
+    p.add_argument('--failovers', type=int, default=d.failovers, help='SENTINEL FAILOVERs (Sentinel topology)')
+    p.add_argument(
+        '--primary-freezes', type=int, default=d.primary_freezes, help='SIGSTOPs of the primary (Sentinel topology)'
+    )
+    p.add_argument(
+        '--primary-freeze-for', type=float, default=d.primary_freeze_for, help='seconds a frozen primary stays stopped'
+    )
+    p.add_argument(
+        '--min-replicas', type=int, default=d.min_replicas, help='min-replicas-to-write on every server (Sentinel)'
+    )
     p.add_argument('--json', type=Path, default=None, help='write the results as JSON here')
     p.add_argument('--markdown', type=Path, default=None, help='write the tables (markdown) here')
     ns = p.parse_args(list(argv))
@@ -1453,6 +1655,10 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
         p.error(f'--sides takes {", ".join(SIDES)}')
     if ns.jobs < 1 or ns.workers < 1 or ns.max_stalled < 1 or ns.duration <= 0:
         p.error('--jobs, --workers, --max-stalled and --duration must be positive')
+    if ns.topology == 'sentinel' and ns.restarts:
+        p.error('--topology sentinel: use --failovers and --primary-freezes (and --restarts 0)')
+    if ns.topology != 'sentinel' and (ns.failovers or ns.primary_freezes):
+        p.error('--failovers and --primary-freezes need --topology sentinel')
     values = {name: getattr(ns, name) for name in _FLAGS if name not in ('sides',)}
     cfg = Config(**{**values, 'sides': tuple(s for s in SIDES if s in sides)})
     return cfg, ns
@@ -1517,7 +1723,9 @@ def sweeper_main(argv: Sequence[str]) -> int:
     ridden out; the loop ends after ``--limit`` seconds at most.
     """
     p = argparse.ArgumentParser(prog='python -m benchmarks.chaos sweeper')
-    p.add_argument('--url', required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument('--url')
+    where.add_argument('--sentinel', help='host:port,... of the sentinels (a new connection each sweep, as cron)')
     p.add_argument('--side', choices=SIDES, required=True)
     p.add_argument('--queue', default=QUEUE)
     p.add_argument('--interval', type=float, default=1.0)
@@ -1527,17 +1735,35 @@ def sweeper_main(argv: Sequence[str]) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    client = redis.Redis.from_url(ns.url, socket_timeout=5, socket_connect_timeout=1)
+
+    def connect() -> redis.Redis:
+        if ns.url:
+            return redis.Redis.from_url(ns.url, socket_timeout=5, socket_connect_timeout=1)
+        from redis.sentinel import Sentinel
+
+        from tests.sentinel import MASTER_NAME
+
+        instances = [(h, int(p)) for h, p in (x.rsplit(':', 1) for x in ns.sentinel.split(','))]
+        sentinel = Sentinel(instances, socket_timeout=2, socket_connect_timeout=1)
+        return sentinel.master_for(MASTER_NAME, socket_timeout=5, socket_connect_timeout=1)
+
+    client = connect()
     deadline = time.monotonic() + ns.limit
     unreachable = False
     with open(ns.out, 'a', encoding='utf-8') as out:
         while not stop.is_set() and time.monotonic() < deadline:
+            if ns.sentinel:
+                client.close()
+                client = connect()
             try:
                 records = _sweep_once(client, ns.side, ns.queue)
                 if unreachable:
                     records.append({'event': 'server back'})
                 unreachable = False
-            except _SERVER_ERRORS as exc:
+            except (*_SERVER_ERRORS, redis.exceptions.ResponseError) as exc:
+                if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
+                    raise
+                # Unreachable, or cannot take writes now (NOREPLICAS, READONLY...): as cron, try later.
                 records = [] if unreachable else [{'event': 'server unreachable', 'error': str(exc)}]
                 unreachable = True
             for record in records:

@@ -182,9 +182,10 @@ _UUID = re.compile(r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 _RUN_ID = re.compile(r'\b[0-9a-f]{40}\b')
 _EXEC = re.compile(r'\b[0-9a-f]{32}\b')
 #: Worker registration (written by a live worker, read by neither cleanup) and the sweep's
-#: own per-queue bookkeeping (a worker's start-up sweep writes it, not the start of a job).
+#: own bookkeeping: per queue, and its record of primary epochs (a worker's start-up sweep writes
+#: them, not the start of a job).
 _IGNORED = re.compile(
-    r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*|queue:.*:intermediate:first_seen:.*)$'
+    r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*|epoch:primaries|queue:.*:intermediate:first_seen:.*)$'
 )
 
 

@@ -7,13 +7,21 @@ that keeps killing its workers.
 """
 
 from .epoch import is_counted, is_exempt, is_valid_run_id
-from .errors import ConfigurationError, EpochUnavailableError, OutcomeRefused, RqEpochError, StalledJobError
+from .errors import (
+    ConfigurationError,
+    EpochUnavailableError,
+    OutcomeRefused,
+    RqEpochError,
+    ServerOutageError,
+    StalledJobError,
+)
+from .failover import PrimaryWatch
 from .fence import Fence
 from .job import Job
 from .queue import Queue
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
-from .sweep import LeaseVerdict, ServerEpoch, Sweeper, SweepReport, read_epoch
+from .sweep import LeaseVerdict, PrimaryState, ServerEpoch, Sweeper, SweepReport, read_epoch, read_primary_state
 from .worker import Worker
 
 __version__ = '0.2.0'
@@ -26,9 +34,12 @@ __all__ = [
     'Job',
     'LeaseVerdict',
     'OutcomeRefused',
+    'PrimaryState',
+    'PrimaryWatch',
     'Queue',
     'RqEpochError',
     'ServerEpoch',
+    'ServerOutageError',
     'StalledJobError',
     'StartedJobRegistry',
     'SweepReport',
@@ -38,4 +49,5 @@ __all__ = [
     'is_exempt',
     'is_valid_run_id',
     'read_epoch',
+    'read_primary_state',
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +35,16 @@ from .job import Job, stalled_count
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
 from .settings import EpochSettings
-from .sweep import VERDICTS, LeaseVerdict, ServerEpoch, Sweeper, SweepReport, read_epoch
+from .sweep import (
+    VERDICTS,
+    LeaseVerdict,
+    PrimaryState,
+    ServerEpoch,
+    Sweeper,
+    SweepReport,
+    read_epoch,
+    read_primary_state,
+)
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -369,6 +379,9 @@ def sweep(
         )
         report = _run_sweep(sweeper, names, dry_run=dry_run, show_progress=not quiet)
     dead = [v for v in report.verdicts if v.verdict == 'dead']
+    if not report.judged and report.primary is not None:
+        # Shown even with --quiet: a cron sweep pointed at a replica would otherwise do nothing, silently.
+        click.echo(f'rq-epoch sweep: nothing judged: {format_primary(report.primary)}', err=True)
     if as_json:
         if quiet and not dead:
             return
@@ -428,9 +441,10 @@ def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool 
             lines.append(f'  dead letter: job {v.job_id} (queue {v.queue}) stalled {v.stalled}/{v.max_stalled}: {verb}')
     deferred = report.counts()['deferred']
     if deferred:
+        age = int(report.primary.age) if report.primary is not None else report.uptime
         lines.append(
             f'  {deferred} lease(s) from a previous server process wait for the restart grace '
-            f'(server up {_duration(report.uptime)}, grace {settings.grace}s): live workers re-stamp theirs meanwhile'
+            f'(primary for {_duration(age)}, grace {settings.grace}s): live workers re-stamp theirs meanwhile'
         )
     return lines
 
@@ -478,6 +492,7 @@ def status(
     with server_errors(cli_config), cli_logging():
         connection = cli_config.connection
         current = read_epoch(connection)
+        primary = read_primary_state(connection, current)
         names = cli_config.queue_names() or all_queue_names(connection)
         sweeper = CliSweeper(
             connection, settings=settings, job_class=cli_config.job_class, serializer=cli_config.serializer
@@ -485,15 +500,25 @@ def status(
         preview = sweeper.sweep(names, dry_run=True) if names else SweepReport(run_id=current.run_id)
         queues = {name: queue_status(connection, name, preview, settings) for name in names}
     doc = {
-        'server': {'run_id': current.run_id, 'uptime': current.uptime, 'role': current.role},
+        'server': {
+            'run_id': current.run_id,
+            'uptime': current.uptime,
+            'role': current.role,
+            'state': primary.state,
+            'primary_for': round(primary.age, 3) if primary.first_seen else None,
+            'primary_since': primary.first_seen or None,
+            'replicas_online': primary.replicas_online,
+            'replicas_expected': primary.replicas_expected,
+        },
         'max_stalled': settings.max_stalled,
         'restart_grace': settings.grace,
+        'restart_grace_left': grace_left(primary, settings),
         'queues': queues,
     }
     if as_json:
         click.echo(json.dumps(doc))
         return
-    for line in format_status(current, settings, queues):
+    for line in format_status(current, settings, queues, primary):
         click.echo(line)
 
 
@@ -562,14 +587,49 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
     }
 
 
-def format_status(current: ServerEpoch, settings: EpochSettings, queues: dict[str, dict[str, Any]]) -> list[str]:
+def grace_left(primary: PrimaryState, settings: EpochSettings) -> int | None:
+    """Seconds of restart grace left on this primary (the whole grace when no sweep has seen it
+    as primary yet); None on a replica."""
+    if not primary.is_primary:
+        return None
+    if not primary.first_seen:
+        return settings.grace
+    return max(0, math.ceil(settings.grace - primary.age))
+
+
+def format_primary(primary: PrimaryState) -> str:
+    """One line on the server's role: how long it has been primary, its replicas."""
+    if not primary.is_primary:
+        return f'role {primary.role or "unknown"}: a replica; sweeps judge nothing here (point them at the primary)'
+    replicas = f'{primary.replicas_online} replica(s) online'
+    if primary.isolated:
+        return (
+            f'primary ISOLATED: {primary.replicas_expected} replica(s) seen in this epoch, none online now; sweeps '
+            'judge nothing here (a demoted or cut-off primary)'
+        )
+    if not primary.first_seen:
+        return f'primary: not yet seen as primary by a sweep (the grace starts at the first sweep); {replicas}'
+    age = int(primary.age)
+    return f'primary for {_duration(age)} ({age}s) (this process, since a sweep first saw it as primary); {replicas}'
+
+
+def format_status(
+    current: ServerEpoch,
+    settings: EpochSettings,
+    queues: dict[str, dict[str, Any]],
+    primary: PrimaryState | None = None,
+) -> list[str]:
     """The human form of ``status``."""
     lines = [
         f'server epoch: run_id {current.run_id}, up {_duration(current.uptime)} ({current.uptime}s), '
         f'role {current.role or "unknown"}'
     ]
-    left = settings.grace - current.uptime
-    if left > 0:
+    if primary is not None:
+        lines.append(format_primary(primary))
+        left = grace_left(primary, settings)
+    else:
+        left = settings.grace - current.uptime
+    if left is not None and left > 0:
         lines.append(
             f'restart grace: {settings.grace}s, {left}s left: leases from an older server process wait, '
             'so that live workers can re-stamp theirs'

@@ -764,6 +764,8 @@ class Demo:
         self.run_id = ''
         self.started_at = time.monotonic()
         self.stories: list[Story] = []
+        #: Whether a given server already had rq-epoch's record of primary epochs (kept if so).
+        self.had_primaries_record = True
 
     def say(self, text: str) -> None:
         self.echo(f'[{time.monotonic() - self.started_at:5.1f}s] {text}')
@@ -789,6 +791,7 @@ class Demo:
                 self.given_url, socket_connect_timeout=5, socket_timeout=10, retry=RedisRetry(NoBackoff(), 0)
             )
             read_epoch(self.connection)  # a clear error when INFO is refused
+            self.had_primaries_record = bool(self.connection.exists(keys.primaries_key()))
             info = self.connection.info('server')
             self.echo(f'rq-epoch demo against {self._where()} ({self._version(info)}); it will not be restarted')
         else:
@@ -907,6 +910,8 @@ class Demo:
             for member in conn.zrange(keys.finishing_key(), 0, -1):  # type: ignore[union-attr]
                 if self.prefix in _text(member):
                     conn.zrem(keys.finishing_key(), _text(member))
+            if not self.had_primaries_record:  # the demo's sweeps wrote it
+                conn.delete(keys.primaries_key())
 
     def close(self) -> int:
         """Stop everything this run started and remove its folder; return how many processes were killed."""

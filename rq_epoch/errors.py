@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import redis.exceptions
 from rq.exceptions import AbandonedJobError
 
-__all__ = ['ConfigurationError', 'EpochUnavailableError', 'OutcomeRefused', 'RqEpochError', 'StalledJobError']
+__all__ = [
+    'ConfigurationError',
+    'EpochUnavailableError',
+    'OutcomeRefused',
+    'RqEpochError',
+    'ServerOutageError',
+    'StalledJobError',
+]
 
 
 class RqEpochError(Exception):
@@ -21,6 +29,16 @@ class EpochUnavailableError(RqEpochError):
     Raised at worker start and at sweep start when ``INFO server`` is refused (an ACL
     without ``+info``), or answers without a 40-character hex ``run_id`` (a proxy that
     hides it). rq-epoch never guesses an epoch and never writes a lease without one.
+    """
+
+
+class ServerOutageError(RqEpochError, redis.exceptions.ConnectionError):
+    """The server answered, but cannot take writes now: ``NOREPLICAS``, ``READONLY``, ``LOADING``,
+    ``MASTERDOWN`` or ``TRYAGAIN`` (a primary without its replicas, a demoted primary, a server
+    loading its data).
+
+    It is a redis-py ``ConnectionError``: a worker rides it out like a server that does not
+    answer (see :mod:`rq_epoch.failover`).
     """
 
 

@@ -15,6 +15,7 @@ __all__ = [
     'job_key',
     'leases_key',
     'limbo_key',
+    'primaries_key',
     'stats_key',
     'taken_key',
     'wip_key',
@@ -65,3 +66,8 @@ def failed_key(queue_name: str) -> str:
 def job_key(job_id: str) -> str:
     """RQ's job hash key."""
     return f'{PREFIX}:job:{job_id}'
+
+
+def primaries_key() -> str:
+    """Hash of primary epochs: ``<run_id>:<replid>`` -> first seen as primary (server time) and replicas seen."""
+    return f'{PREFIX}:epoch:primaries'

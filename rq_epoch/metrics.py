@@ -13,11 +13,13 @@ up to ``scan_limit`` entries.
 =========  =================================================================================
 round trip what it reads
 =========  =================================================================================
-1, 2       :func:`rq_epoch.sweep.read_epoch`: ``INFO server`` and ``INFO replication``
-3          ``TIME`` and the members of ``<prefix>:queues`` (pipelined)
-4          per queue, pipelined: the counters hash, the leases, RQ's started registry, the
+1          :func:`rq_epoch.sweep.read_epoch`: ``INFO server`` (the run_id)
+2          pipelined: ``TIME``, ``INFO replication``, the primaries record
+           (``<prefix>:epoch:primaries``, for the age of the epoch) and the members of
+           ``<prefix>:queues``
+3          per queue, pipelined: the counters hash, the leases, RQ's started registry, the
            head of the queue, the newest entries of the failed registry
-5          pipelined ``HMGET`` of every job seen in 4 (left out when there is none)
+4          pipelined ``HMGET`` of every job seen in 3 (left out when there is none)
 =========  =================================================================================
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
@@ -35,7 +37,7 @@ from . import epoch, keys
 from .errors import RqEpochError
 from .job import stalled_count
 from .settings import EpochSettings
-from .sweep import ServerEpoch, read_epoch
+from .sweep import PrimaryState, ServerEpoch, primary_state, read_epoch
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -65,7 +67,7 @@ DEFAULT_PORT = 9727
 #: Entries read per queue from each list or registry in one scrape.
 DEFAULT_SCAN_LIMIT = 1000
 #: Round trips of one scrape (fewer when there are no queues or no jobs to read).
-ROUND_TRIPS = 5
+ROUND_TRIPS = 4
 #: Verdicts the sweep counts in ``<prefix>:epoch:stats:<queue>`` (deferred leases are not counted).
 SWEPT_VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead')
 #: States of ``rq_epoch_leases``.
@@ -76,13 +78,15 @@ _MEMBER_RE = re.compile(r'([^:]+):([^:]+)')
 _JOB_FIELDS = ('status', 'lease_epoch', 'lease_execution', 'stalled', 'stall_dead')
 
 
-def epoch_age(current: ServerEpoch) -> int:
+def epoch_age(state: PrimaryState) -> int:
     """Seconds the current epoch has lasted, as the restart grace counts them.
 
-    Today that is the uptime of the server process (``INFO server``), as the sweep script
-    reads it. Every metric that depends on the age of the epoch goes through here.
+    That is how long this server process has been serving the dataset as primary (since its
+    restart or its promotion), as the sweep script records it in ``<prefix>:epoch:primaries``;
+    0 on a replica, or before any sweep recorded this primary. Every metric that depends on the
+    age of the epoch goes through here.
     """
-    return current.uptime
+    return int(state.age) if state.is_primary else 0
 
 
 def _text(raw: Any) -> str | None:
@@ -169,16 +173,20 @@ def read_snapshot(
     """
     grace = EpochSettings.resolve(restart_grace=restart_grace).grace
     limit = max(1, int(scan_limit))
-    current = read_epoch(connection)
-    age = epoch_age(current)
+    current = read_epoch(connection, with_role=False)
     with connection.pipeline(transaction=False) as pipeline:
         pipeline.time()
+        pipeline.info('replication')
+        pipeline.hgetall(keys.primaries_key())
         if not queues:
             pipeline.smembers(f'{keys.PREFIX}:queues')
         head = pipeline.execute()
     seconds, micros = head[0]
     now = float(seconds) + float(micros) / 1e6
-    names = list(dict.fromkeys(queues)) if queues else _queue_names(head[1])
+    state = primary_state(current, head[1], head[2], now)
+    current = replace(current, role=state.role)
+    age = epoch_age(state)
+    names = list(dict.fromkeys(queues)) if queues else _queue_names(head[3])
     snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
     if not names:
         return snapshot
@@ -388,7 +396,7 @@ class EpochCollector:
 _HELP = {
     'up': '1 when this scrape read the server, 0 when it could not (the reason is logged).',
     'server_info': 'The server process whose run_id stamps new leases (the current epoch), and its role.',
-    'age': 'Seconds the current epoch has lasted (today: the server process uptime).',
+    'age': 'Seconds this server process has served the dataset as primary (since its restart or promotion).',
     'grace_remaining': 'Seconds until leases of an older epoch may be swept; 0 once the restart grace is over.',
     'verdicts': 'Expired leases the sweep judged, per verdict (kept in the server: they survive restarts).',
     'refused': 'Outcomes of stale executions refused by the lease fence.',

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+import redis
 from redis.exceptions import NoPermissionError, ResponseError, WatchError
 from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.exceptions import NoSuchJobError
@@ -25,7 +27,16 @@ from .settings import EpochSettings
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['VERDICTS', 'LeaseVerdict', 'ServerEpoch', 'SweepReport', 'Sweeper', 'read_epoch']
+__all__ = [
+    'VERDICTS',
+    'LeaseVerdict',
+    'PrimaryState',
+    'ServerEpoch',
+    'SweepReport',
+    'Sweeper',
+    'read_epoch',
+    'read_primary_state',
+]
 
 logger = logging.getLogger('rq_epoch')
 
@@ -85,6 +96,88 @@ def read_epoch(connection: Redis, *, with_role: bool = True) -> ServerEpoch:
 
 
 @dataclass(frozen=True)
+class PrimaryState:
+    """What the sweep script saw of the server's role, as recorded in ``<prefix>:epoch:primaries``."""
+
+    #: INFO replication ``role``: ``master`` for a primary, ``slave`` for a replica.
+    role: str = ''
+    #: Seconds this server process has been serving the dataset as primary (restart or
+    #: promotion), by the server clock; 0 when this sweep was the first to see it.
+    age: float = 0.0
+    #: Server time at which a script first saw this process as primary (0: not recorded yet).
+    first_seen: float = 0.0
+    #: Replicas connected and online now.
+    replicas_online: int = 0
+    #: Most replicas seen online while this process has been primary.
+    replicas_expected: int = 0
+
+    @property
+    def is_primary(self) -> bool:
+        return self.role == 'master'
+
+    @property
+    def isolated(self) -> bool:
+        """A primary that had replicas in its epoch and has none online now (demoted or cut off)."""
+        return self.is_primary and self.replicas_expected > 0 and self.replicas_online == 0
+
+    @property
+    def judges(self) -> bool:
+        """Whether a sweep on this server gives verdicts: a primary that is not isolated."""
+        return self.is_primary and not self.isolated
+
+    @property
+    def state(self) -> str:
+        """``primary``, ``isolated`` or ``replica`` (any role other than master)."""
+        if not self.is_primary:
+            return 'replica'
+        return 'isolated' if self.isolated else 'primary'
+
+
+#: A replica whose last acknowledgement is older than this is not counted online (seconds).
+REPLICA_MAX_LAG = 10
+
+
+def read_primary_state(connection: Redis, current: ServerEpoch | None = None) -> PrimaryState:
+    """The server's role and primary epoch as the sweep script would see them; writes nothing.
+
+    For status views: the same rule as ``primary_epoch`` in ``scripts/_epoch.lua``, read
+    from INFO replication and ``<prefix>:epoch:primaries`` with the server clock.
+    """
+    current = current or read_epoch(connection, with_role=False)
+    with connection.pipeline(transaction=False) as pipeline:
+        pipeline.info('replication')
+        pipeline.hgetall(keys.primaries_key())
+        pipeline.time()
+        info, entries, (seconds, micros) = pipeline.execute()
+    return primary_state(current, info, entries, float(seconds) + float(micros) / 1e6)
+
+
+def primary_state(current: ServerEpoch, info: dict[str, Any], entries: dict[Any, Any], now: float) -> PrimaryState:
+    """:class:`PrimaryState` from replies already read: INFO replication, HGETALL of
+    ``<prefix>:epoch:primaries`` and the server TIME (``now``, seconds)."""
+    role = str(info.get('role', ''))
+    if role != 'master':
+        return PrimaryState(role=role)
+    online = 0
+    for name, value in info.items():
+        if str(name).startswith('slave') and isinstance(value, dict):
+            if value.get('state') == 'online' and int(value.get('lag', 0) or 0) <= REPLICA_MAX_LAG:
+                online += 1
+    field_name = f'{current.run_id}:{info.get("master_replid", "")}'
+    entry = next((value for name, value in entries.items() if _text(name) == field_name), None)
+    first, expected = 0.0, 0
+    if entry:
+        try:
+            first_text, expected_text = _text(entry).split(' ', 1)
+            first, expected = float(first_text), int(expected_text)
+        except ValueError:
+            first, expected = 0.0, 0
+    expected = max(expected, online)
+    age = max(0.0, min(float(current.uptime), now - first)) if first else 0.0
+    return PrimaryState(role=role, age=age, first_seen=first, replicas_online=online, replicas_expected=expected)
+
+
+@dataclass(frozen=True)
 class LeaseVerdict:
     """What the sweep decided for one expired lease."""
 
@@ -115,6 +208,11 @@ class SweepReport:
     verdicts: list[LeaseVerdict] = field(default_factory=list)
     #: Dead letters whose side effects (result, callback, dependents) this sweep ran.
     finished: list[str] = field(default_factory=list)
+    #: The server's role and primary epoch as the last script call saw them.
+    primary: PrimaryState | None = None
+    #: Script calls whose counted verdicts no replica acknowledged (``WAIT``) in time;
+    #: the side effects of dead letters are not run by a sweep that has any.
+    unconfirmed: int = 0
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of leases per verdict (every verdict listed, zeros included)."""
@@ -129,9 +227,16 @@ class SweepReport:
     def by_job(self, job_id: str) -> list[LeaseVerdict]:
         return [v for v in self.verdicts if v.job_id == job_id]
 
+    @property
+    def judged(self) -> bool:
+        """False when the server was a replica or an isolated primary: nothing was judged."""
+        return self.primary is None or self.primary.judges
+
     def merge(self, other: SweepReport) -> None:
         self.run_id = other.run_id or self.run_id
         self.uptime = other.uptime or self.uptime
+        self.primary = other.primary or self.primary
+        self.unconfirmed += other.unconfirmed
         self.queues.extend(q for q in other.queues if q not in self.queues)
         self.verdicts.extend(other.verdicts)
         self.finished.extend(other.finished)
@@ -146,6 +251,8 @@ class SweepReport:
             'totals': self.counts(),
             'finished': list(self.finished),
             'verdicts': [asdict(v) for v in self.verdicts],
+            'primary': None if self.primary is None else {**asdict(self.primary), 'state': self.primary.state},
+            'unconfirmed': self.unconfirmed,
         }
 
 
@@ -167,6 +274,8 @@ class Sweeper:
     job_class: type[Job] = Job
     queue_class: type[Queue] = Queue
     death_penalty_class: type[BaseDeathPenalty] = UnixSignalDeathPenalty
+    #: Seconds to wait for a replica to acknowledge counted verdicts (``WAIT``).
+    confirm_timeout: float = 1.0
 
     def __init__(
         self,
@@ -204,6 +313,7 @@ class Sweeper:
         self.claim_ttl = claim_ttl
         self._last_run_id = ''
         self._last_uptime = 0
+        self._last_primary: PrimaryState | None = None
         #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
         self.rescue_intermediate = rescue_intermediate
         self.exception_handlers = list(exception_handlers or [])
@@ -233,22 +343,40 @@ class Sweeper:
         if not names:  # no script call will read the epoch: check it here
             current = read_epoch(self.connection, with_role=False)
             report.run_id, report.uptime = current.run_id, current.uptime
-        for name in names:
-            report.queues.append(name)
-            self._sweep_queue(name, report, dry_run, progress)
+        if names:
+            with self._pinned() as client:
+                for name in names:
+                    report.queues.append(name)
+                    self._sweep_queue(name, report, dry_run, progress, client)
         if not dry_run:
-            self.finish_dead_letters(report)
+            if report.judged and not report.unconfirmed:
+                self.finish_dead_letters(report)
+            elif report.unconfirmed:
+                logger.warning(
+                    'sweep: no replica acknowledged %d call(s) with counted verdicts within %.1fs; the side effects '
+                    'of dead letters wait for a sweep on a primary whose replica has them',
+                    report.unconfirmed,
+                    self.confirm_timeout,
+                )
         return report
 
     def _sweep_queue(
-        self, name: str, report: SweepReport, dry_run: bool, progress: Callable[[int], None] | None
+        self,
+        name: str,
+        report: SweepReport,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+        client: Redis | None = None,
     ) -> None:
         offset = 0
         # Every call that judges anything removes what it judged, so this ends; the
         # bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
-            verdicts, more = self._call(name, dry_run, offset)
+            verdicts, more = self._call(name, dry_run, offset, client)
+            if not dry_run and not self._confirmed(client or self.connection, verdicts):
+                report.unconfirmed += 1
             report.run_id, report.uptime = self._last_run_id, self._last_uptime
+            report.primary = self._last_primary
             report.verdicts.extend(verdicts)
             judged = sum(1 for v in verdicts if v.verdict != 'deferred')
             if progress is not None and verdicts:
@@ -263,9 +391,41 @@ class Sweeper:
             if dry_run:
                 offset += self.settings.batch_size
 
-    def _call(self, name: str, dry_run: bool, offset: int) -> tuple[list[LeaseVerdict], bool]:
+    @contextmanager
+    def _pinned(self) -> Iterator[Redis]:
+        """A client that keeps one connection of the pool for a whole sweep, so that ``WAIT`` follows
+        the script's writes on the same connection."""
+        client = redis.Redis(connection_pool=self.connection.connection_pool, single_connection_client=True)
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def _confirmed(self, client: Redis, verdicts: list[LeaseVerdict]) -> bool:
+        """Whether a replica has the counted verdicts of the last call, when the primary has replicas.
+
+        A counted verdict (recovered, dead) written on a primary that was just demoted, or
+        cut off from its replicas, vanishes when it resyncs; its side effects must not run.
+        ``WAIT 1`` on the connection that ran the script tells: some replica acknowledged
+        the writes within :attr:`confirm_timeout`. Without replicas there is nothing to wait for.
+        """
+        primary = self._last_primary
+        if primary is None or not any(v.counted for v in verdicts):
+            return True
+        if primary.replicas_expected == 0 and primary.replicas_online == 0:
+            return True
+        try:
+            acked = int(client.execute_command('WAIT', 1, int(self.confirm_timeout * 1000)))
+        except ResponseError as exc:  # WAIT refused (an ACL): say so, and trust the script's own check
+            logger.warning('sweep: WAIT refused (%s); counted verdicts are not confirmed by a replica', exc)
+            return True
+        return acked >= 1
+
+    def _call(
+        self, name: str, dry_run: bool, offset: int, client: Redis | None = None
+    ) -> tuple[list[LeaseVerdict], bool]:
         result = scripts.sweep()(
-            self.connection,
+            client if client is not None else self.connection,
             [
                 keys.leases_key(name),
                 keys.wip_key(name),
@@ -290,7 +450,16 @@ class Sweeper:
         self._last_run_id, self._last_uptime = run_id, int(result[1])
         more = int(result[3]) == 1
         count = int(result[4])
-        rows = result[5:]
+        rows = result[5 : 5 + 7 * count]
+        tail = [_text(x) for x in result[5 + 7 * count : 5 + 7 * count + 5]]
+        if len(tail) == 5:
+            self._last_primary = PrimaryState(
+                role=tail[0],
+                age=float(tail[1]),
+                replicas_online=int(tail[2]),
+                replicas_expected=int(tail[3]),
+                first_seen=float(tail[4]),
+            )
         verdicts = []
         for i in range(count):
             member, job_id, verdict, stalled, max_stalled, lease_epoch, _origin = (

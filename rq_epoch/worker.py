@@ -19,6 +19,7 @@ from rq.worker_registration import clean_worker_registry
 
 from . import keys, scripts
 from .errors import ConfigurationError, OutcomeRefused, RqEpochError
+from .failover import PrimaryWatch
 from .fence import Fence, arm
 from .job import Job
 from .registry import StartedJobRegistry
@@ -128,6 +129,8 @@ class Worker(RQWorker):
         self._lost_lease_job_ids: set[str] = set()
         self._fenced_execution: Execution | None = None
         self.last_sweep_report: SweepReport | None = None
+        #: Follows the primary after a failover; installed at :meth:`bootstrap`.
+        self.primary_watch: PrimaryWatch | None = None
 
     # -- start -----------------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class Worker(RQWorker):
         current = read_epoch(self.connection)
         scripts.load_all(self.connection)
         self._known_run_id = current.run_id
+        self.primary_watch = self.watch_primary(current.run_id)
         super().bootstrap(logging_level, date_format, log_format)
         setup_loghandlers(logging_level, date_format, log_format, name='rq_epoch')
         s = self.epoch_settings
@@ -162,6 +166,42 @@ class Worker(RQWorker):
             s.max_stalled,
             s.grace,
         )
+
+    def watch_primary(self, run_id: str) -> PrimaryWatch:
+        """Install the :class:`~rq_epoch.failover.PrimaryWatch` on this worker's connection.
+
+        It asks the sentinels (when the connection comes from ``Sentinel.master_for``, as
+        with RQ's ``SENTINEL`` settings) twice per heartbeat interval, and a non-blocking
+        command gets one heartbeat interval (at least 2 s) to answer.
+        """
+        interval = self.epoch_settings.heartbeat_interval
+        socket_timeout = self.connection.connection_pool.connection_kwargs.get('socket_timeout')
+        command_timeout = float(max(2, interval))
+        if socket_timeout is not None:
+            command_timeout = min(command_timeout, float(socket_timeout))
+        watch = PrimaryWatch(
+            self.connection,
+            interval=max(0.5, interval / 2),
+            command_timeout=command_timeout,
+            log=self.log,
+            name=self.name,
+            on_move=lambda: scripts.load_all(self.connection),
+        )
+        return watch.install(run_id)
+
+    def _follow_primary(self) -> None:
+        """Before an outcome is written: make sure this process talks to the current primary."""
+        if self.primary_watch is not None:
+            self.primary_watch.refresh()
+
+    def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
+        """RQ's handler, quiet and quick when the connection was closed to follow a new primary."""
+        watch = self.primary_watch
+        if isinstance(exc, redis.exceptions.ConnectionError) and watch is not None and watch.moved_recently(10):
+            self.log.debug('Worker %s: pubsub reconnecting to the new primary (%s)', self.name, exc)
+            time.sleep(0.1)
+            return
+        super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
 
     def subscribe(self) -> None:
         """Start RQ's pubsub thread with SIGALRM blocked in it.
@@ -325,7 +365,8 @@ class Worker(RQWorker):
                 run_id,
             )
         elif self._known_run_id and run_id != self._known_run_id:
-            self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
+            if self.primary_watch is None or not self.primary_watch.announced(run_id):
+                self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
         if run_id != self._known_run_id:
             try:
                 scripts.load_all(self.connection)
@@ -398,6 +439,7 @@ class Worker(RQWorker):
         give_up = time.monotonic() + self.outcome_retry_limit
         delay = 0.1
         attempt = 0
+        self._follow_primary()
         while True:
             try:
                 write()

@@ -28,6 +28,13 @@ SMALL = [
 ]  # fmt: skip
 
 
+SENTINEL_SMALL = [
+    '--topology', 'sentinel', '--min-replicas', '1', '--restarts', '0', '--failovers', '2', '--primary-freezes', '1',
+    '--jobs', '40', '--pills', '1', '--workers', '3', '--kills', '1', '--freezes', '0', '--duration', '40',
+    '--seed', '7', '--max-stalled', '2', '--max-seconds', '1.5', '--sides', 'rq-epoch', '--server', 'valkey',
+]  # fmt: skip
+
+
 def small_config() -> Config:
     """The configuration of :data:`SMALL`."""
     return Config(
@@ -53,6 +60,19 @@ def test_plan_is_drawn_from_the_seed_alone() -> None:
             assert jobs[job.parent].at <= job.at
 
 
+def test_sentinel_faults_are_drawn_after_the_others() -> None:
+    """Failovers and frozen primaries join the schedule without changing the rest of the plan."""
+    cfg = small_config()
+    with_topology = replace(cfg, restarts=0, failovers=2, primary_freezes=1)
+    plan = make_plan(with_topology)
+    assert plan == make_plan(with_topology)
+    assert sorted(f.kind for f in plan.faults) == ['failover', 'failover', 'freeze', 'kill', 'primary-freeze']
+    assert plan.jobs == make_plan(replace(cfg, restarts=0)).jobs
+    others = [f for f in plan.faults if f.kind in ('kill', 'freeze')]
+    assert others == [f for f in make_plan(replace(cfg, restarts=0)).faults]
+    assert [f.hold for f in plan.faults if f.kind == 'primary-freeze'] == [with_topology.primary_freeze_for]
+
+
 def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     """The audit names the fault behind each rerun, and each invariant can fail."""
     events = [
@@ -66,6 +86,17 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     assert explain(Attempt(1, 90, 9, 299.0), 310.0, False, events) == 'restart'
     assert explain(Attempt(1, 90, 9, 400.0, 401.0), 410.0, False, events) == 'unexplained'
     assert explain(Attempt(1, 90, 9, 400.0, 401.0), 400.5, False, events) == 'ran twice at once'
+    # An execution cut short around a failover, or a frozen primary, without a fault on its worker.
+    failover = events + [{'kind': 'failover', 't': 600.0}, {'kind': 'promoted', 't': 601.0}]
+    assert explain(Attempt(1, 90, 9, 598.0, 603.0), 620.0, False, failover) == 'failover'
+    assert explain(Attempt(1, 90, 9, 650.0, 651.0), 660.0, False, failover) == 'unexplained'
+    assert explain(Attempt(1, 90, 9, 601.0, 602.0), 601.5, False, failover) == 'failover'  # taken from the old one
+    frozen = events + [
+        {'kind': 'primary-freeze', 't': 700.0},
+        {'kind': 'promoted', 't': 703.0},
+        {'kind': 'primary-thaw', 't': 708.0},
+    ]
+    assert explain(Attempt(1, 90, 9, 718.0, 719.0), 730.0, False, frozen) == 'failover'  # 10 s after the thaw
     # The horse signalled decides, and the earliest fault wins: frozen at 500, its worker killed later.
     later = events + [{'kind': 'freeze', 't': 500.0, 'pid': 5, 'horses': [50]}, {'kind': 'kill', 't': 560.0, 'pid': 5}]
     assert explain(Attempt(1, 50, 5, 499.0, 566.0), 504.0, False, later) == 'freeze'
@@ -86,6 +117,16 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     assert any(v.startswith('h2: ran again') for v in found)
     assert any(v.startswith('h2: 1 counted stall') for v in found)
     assert any(v.startswith('p1: poison pill dead after 1 counted stalls') for v in found)
+    # Under Sentinel without a write quorum, a write lost in a failover may rerun a job, uncounted only.
+    moved = JobAudit(
+        'h4', 'healthy', 'finished', 'finished', [Attempt(1, 1, 2, 1.0, reason='failover'), Attempt(2, 3, 4, 5.0)],
+        0, 0, 1, 0, 1, '', 'finished',
+    )  # fmt: skip
+    counted = replace(moved, id='h5', stalled=1)
+    lenient = replace(cfg, topology='sentinel', restarts=0, failovers=1)
+    assert [v.split(':')[0] for v in check_invariants([moved, counted], lenient)] == ['h5']
+    strict = replace(lenient, min_replicas=1)
+    assert sorted(v.split(':')[0] for v in check_invariants([moved, counted], strict)) == ['h4', 'h5', 'h5']
 
 
 def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
@@ -115,3 +156,35 @@ def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
     assert row['stale_outcomes_landed'] == 0
     assert set(row['superseded_executions']) <= {'kill', 'freeze'}
     assert not list((tmp_path / 'w').glob('*/data')), 'the run removes its folders'
+
+
+def test_small_sentinel_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
+    """Two manual failovers, a frozen primary, a kill and a poison pill under Sentinel: every invariant holds.
+
+    With ``min-replicas-to-write 1`` and one replica, the old primary takes no write once the
+    replica left it, so no acknowledged write can be lost in a failover: no job may run twice
+    but for the kill (without it, see ``check_invariants``).
+    """
+    out = tmp_path / 'chaos.json'
+    argv = [
+        sys.executable, '-m', 'benchmarks.chaos', *SENTINEL_SMALL, '--json', str(out), '--workdir', str(tmp_path / 'w'),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+        raise AssertionError(f'the chaos run took more than 240 s:\n{output}') from None
+    print(output)
+    assert proc.returncode == 0, output
+    side = json.loads(out.read_text())['sides']['rq-epoch']
+    row = side['row']
+    assert side['violations'] == []
+    assert (row['failovers'], row['primary_freezes'], row['kills']) == (2, 1, 1)
+    assert len([e for e in side['events'] if e['kind'] == 'promoted']) == 3
+    assert (row['lost'], row['stuck'], row['healthy_failed'], row['retries_spent']) == (0, 0, 0, 0)
+    assert row['healthy_finished'] == row['healthy'] == 40
+    assert (row['pills_dead'], row['pill_stalls']) == (1, [2])
+    assert set(row['superseded_executions']) <= {'kill'}
+    assert not list((tmp_path / 'w').glob('*/topology')), 'the run removes its folders'

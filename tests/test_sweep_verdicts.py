@@ -14,10 +14,13 @@ from tests.leases import OTHER_EPOCH, current_run_id, expire, start_job
 
 
 def snapshot(conn: redis.Redis, exclude: tuple[str, ...] = ()) -> dict[bytes, object]:
-    """Every key with its type and value, to prove that nothing else changed."""
+    """Every key with its type and value, to prove that nothing else changed.
+
+    The record of primary epochs (written by the first sweep of an epoch) is left out.
+    """
     state: dict[bytes, object] = {}
     for key in conn.scan_iter(count=1000):
-        if any(key.decode().startswith(p) for p in exclude):
+        if key == b'rq:epoch:primaries' or any(key.decode().startswith(p) for p in exclude):
             continue
         kind = conn.type(key).decode()
         if kind == 'string':

@@ -26,3 +26,77 @@ local function server_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+
+-- primary_epoch(run_id, uptime, now, key, write) -> state
+--   How long this server process has been serving the dataset as primary, and whether
+--   it can show that a replica has what it writes. Reads INFO replication.
+--
+--   The moment a process began serving as primary is recorded in the hash `key`
+--   (<prefix>:epoch:primaries), field "<run_id>:<master_replid>" (the replication id
+--   changes at every promotion, so a process that was demoted and promoted again gets a
+--   new entry), value "<first seen as primary, server TIME> <most replicas seen online>".
+--   The first script that sees the pair as primary writes it (when `write` is true), so
+--   every sweeper agrees on it without a client clock, and it can only be later than the
+--   real promotion: in doubt, a longer grace. At most 8 entries are kept.
+--
+--   state.role      'master', 'slave', ... (INFO replication role)
+--   state.age       seconds this process has been primary: min(uptime, now - first seen);
+--                   0 when this call is the first to see it (or a dry run cannot record it)
+--   state.first     server time first seen as primary (0 when not recorded)
+--   state.online    replicas connected now, in state online, with lag <= 10 s
+--   state.expected  most replicas seen online while this process has been primary
+--   state.isolated  true when replicas were seen in this epoch and none is online now: a
+--                   demoted or cut-off primary, whose writes no replica will keep
+--   state.returning true when this process was primary before, under another replication
+--                   id (demoted, then promoted again): a lease stamped with its run_id may
+--                   date from that earlier term, so during the grace it waits like one
+--                   stamped by another process
+
+local function primary_epoch(run_id, uptime, now, key, write)
+  local info = redis.call('INFO', 'replication')
+  local state = {role = string.match(info, 'role:(%w+)') or '', age = 0, first = 0, online = 0,
+                 expected = 0, isolated = false, returning = false}
+  if state.role ~= 'master' then return state end
+  local online = 0
+  for line in string.gmatch(info, 'slave%d+:([^\r\n]*)') do
+    local lag = tonumber(string.match(line, 'lag=(%d+)')) or 0
+    if string.find(line, 'state=online', 1, true) and lag <= 10 then online = online + 1 end
+  end
+  local field = run_id .. ':' .. (string.match(info, 'master_replid:(%w+)') or '')
+  local entry = redis.call('HGET', key, field)
+  local first, expected = nil, 0
+  if entry then
+    first, expected = string.match(entry, '^(%S+) (%d+)$')
+    first, expected = tonumber(first), tonumber(expected) or 0
+  end
+  if write and (first == nil or online > expected) then
+    if online > expected then expected = online end
+    local new = first == nil
+    if new then first = now end
+    redis.call('HSET', key, field, string.format('%.6f %d', first, expected))
+    if new and redis.call('HLEN', key) > 8 then
+      -- Forget the oldest epochs; only the current one is ever read.
+      local all = redis.call('HGETALL', key)
+      local oldest, oldest_at = nil, nil
+      for i = 1, #all, 2 do
+        local at = tonumber(string.match(all[i + 1], '^(%S+)')) or 0
+        if all[i] ~= field and (oldest_at == nil or at < oldest_at) then oldest, oldest_at = all[i], at end
+      end
+      if oldest then redis.call('HDEL', key, oldest) end
+    end
+  end
+  state.online, state.expected = online, expected
+  state.isolated = expected > 0 and online == 0
+  local own = run_id .. ':'
+  for _, other in ipairs(redis.call('HKEYS', key)) do
+    if other ~= field and string.sub(other, 1, #own) == own then state.returning = true end
+  end
+  if first then
+    state.first = first
+    local age = now - first
+    if age > uptime then age = uptime end
+    if age < 0 then age = 0 end
+    state.age = age
+  end
+  return state
+end

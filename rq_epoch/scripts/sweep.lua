@@ -12,7 +12,7 @@
 -- ARGV[2]  queue name (used when a job has no origin)
 -- ARGV[3]  batch: at most this many entries are read from each sorted set
 -- ARGV[4]  default max_stalled (a job's own max_stalled field wins)
--- ARGV[5]  restart grace in seconds: uncounted leases wait until the server is this old
+-- ARGV[5]  restart grace in seconds: uncounted leases wait until the server has been primary this long
 -- ARGV[6]  failure TTL in seconds for jobs without their own failure_ttl
 -- ARGV[7]  "1" for a dry run: verdicts are computed, nothing is written
 -- ARGV[8]  offset into the expired entries (dry runs page with it; 0 otherwise)
@@ -42,7 +42,16 @@
 -- requeued uncounted (verdict exempt; its member is the bare job id). Entries of jobs
 -- that are gone are ghosts; entries of jobs that already ended are dropped silently.
 --
--- Returns {run_id, uptime, now, more, n, <n records of 7 fields>} where a record is
+-- The restart grace counts from when this server process began serving the dataset as
+-- primary (restart or promotion), as recorded in <prefix>:epoch:primaries (see
+-- primary_epoch in _epoch.lua), not from its uptime: a promoted replica has been up long.
+-- A process that was primary before (demoted, then promoted again) also defers leases
+-- stamped with its own run_id during the grace: they may date from its earlier term.
+-- A server that is not a primary, or a primary that had replicas in its epoch and has
+-- none online now (demoted or cut off), judges nothing: no verdict, no write.
+--
+-- Returns {run_id, uptime, now, more, n, <n records of 7 fields>, role, primary_age,
+-- replicas_online, replicas_expected, first_seen_as_primary} where a record is
 -- {member, job_id, verdict, stalled, max_stalled, lease_epoch, origin}.
 
 -- @include _epoch.lua
@@ -61,6 +70,15 @@ local offset = tonumber(ARGV[8])
 local limbo_timeout = tonumber(ARGV[9]) or 0
 local taken_ttl = tonumber(ARGV[10]) or 86400
 local now = server_now()
+local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', not dry)
+local function tail(head)
+  for _, v in ipairs({primary.role, tostring(primary.age), primary.online, primary.expected,
+                      tostring(primary.first)}) do head[#head + 1] = v end
+  return head
+end
+if primary.role ~= 'master' or primary.isolated then
+  return tail({run_id, tostring(uptime), tostring(now), 0, 0})
+end
 
 local out = {}
 local n = 0
@@ -166,8 +184,12 @@ local function judge(member, stock)
   end
 
   local counted = (not never_started) and epoch and epoch == run_id
+  if counted and primary.returning and primary.age < grace then
+    -- This process was primary before: the stamp may date from that earlier term.
+    return record(member, job_id, 'deferred', stalled, max_stalled, epoch, origin)
+  end
   if not counted then
-    if uptime < grace then
+    if primary.age < grace then
       return record(member, job_id, 'deferred', stalled, max_stalled, epoch, origin)
     end
     if not dry then
@@ -262,4 +284,4 @@ local more = 0
 if #leases >= batch or #stock >= batch then more = 1 end
 local head = {run_id, tostring(uptime), tostring(now), more, n}
 for i = 1, #out do head[#head + 1] = out[i] end
-return head
+return tail(head)
