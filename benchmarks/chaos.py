@@ -7,7 +7,8 @@
 * a pool of real ``rq worker`` subprocesses kept alive by a supervisor, as systemd or a
   container runtime would: a worker that exits is started again after ``--respawn-delay``
   seconds, and whatever an exited worker left running (its work-horse) is ended, as a
-  control-group kill or a container exit does;
+  control-group kill or a container exit does; with ``--queues N`` every worker listens
+  on N queues (``chaos``, ``chaos-2``, ...) and each job goes to one of them;
 * a cron-like sweeper process (``python -m benchmarks.chaos sweeper``): rq-epoch's
   :class:`rq_epoch.Sweeper` on one side, stock ``StartedJobRegistry.cleanup()`` on the
   other, every ``--sweep-interval`` seconds; the workers' own maintenance runs as well
@@ -48,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -122,6 +124,7 @@ class Config:
     server: str = 'valkey'
     sides: tuple[str, ...] = SIDES
     respawn_delay: float = 1.0
+    queues: int = 1
     keep: bool = False
     workdir: str | None = None
     #: ``single`` (one server) or ``sentinel`` (a primary, ``replicas`` replicas, three sentinels).
@@ -134,6 +137,16 @@ class Config:
     primary_freeze_for: float = 8.0
     #: Sentinel topology: ``min-replicas-to-write`` on every server (0: off).
     min_replicas: int = 0
+
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        """The queues every worker listens on: ``chaos``, then ``chaos-2``, ``chaos-3``..."""
+        return (QUEUE, *(f'{QUEUE}-{i}' for i in range(2, self.queues + 1)))
+
+    def queue_of(self, job_id: str) -> str:
+        """The queue a job is enqueued on (from its id, so the seed's draws stay the same)."""
+        names = self.queue_names
+        return names[zlib.crc32(job_id.encode()) % len(names)]
 
     @property
     def retry_budget(self) -> int:
@@ -211,6 +224,7 @@ _FLAGS = {
     'server': '--server',
     'sides': '--sides',
     'respawn_delay': '--respawn-delay',
+    'queues': '--queues',
     'keep': '--keep',
     'workdir': '--workdir',
     'topology': '--topology',
@@ -460,7 +474,7 @@ class Supervisor:
             argv += ['--worker-class', 'rq_epoch.Worker']
         else:
             argv += ['--maintenance-interval', str(self.cfg.sweep_interval)]
-        return argv + [QUEUE]
+        return argv + list(self.cfg.queue_names)
 
     def start(self, slot: Slot) -> None:
         """Start a new worker process in ``slot`` (its log: ``worker-<slot>-<generation>.log``)."""
@@ -657,7 +671,7 @@ class Producer(threading.Thread):
                 if fresh:
                     client.close()
                     client = self.connect()
-                self._enqueue(queue_class(QUEUE, connection=client), client, spec)
+                self._enqueue(queue_class(self.cfg.queue_of(spec.id), connection=client), client, spec)
         finally:
             client.close()
 
@@ -921,6 +935,7 @@ class SideRun:
             self.side,
             '--interval',
             str(self.cfg.sweep_interval),
+            *[arg for name in self.cfg.queue_names for arg in ('--queue', name)],
             '--out',
             str(self.folder / 'sweeper.jsonl'),
             '--limit',
@@ -1246,16 +1261,26 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
     """Read the final state of every job and attribute its executions."""
     attempts, callbacks, ledger_lines = read_ledger(run.ledger)
     events = run.recorder.events
-    queue = RQQueue(QUEUE, connection=client)
-    queued = {_text(x) for x in client.lrange(queue.key, 0, -1)}
-    intermediate = {_text(x) for x in client.lrange(f'{queue.key}:intermediate', 0, -1)}
-    wip = {_text(x).split(':', 1)[0] for x in client.zrange(keys.wip_key(QUEUE), 0, -1)}
-    leases = {_text(x).split(':', 1)[0] for x in client.zrange(keys.leases_key(QUEUE), 0, -1)}
-    deferred = {_text(x) for x in client.zrange(f'{keys.PREFIX}:deferred:{QUEUE}', 0, -1)}
-    ready = {_text(x) for x in client.zrange(f'{keys.PREFIX}:ready:{QUEUE}', 0, -1)}  # RQ 3
-    scheduled = {_text(x) for x in client.zrange(f'{keys.PREFIX}:scheduled:{QUEUE}', 0, -1)}
-    failed_reg = {_text(x) for x in client.zrange(keys.failed_key(QUEUE), 0, -1)}
-    finished_reg = {_text(x) for x in client.zrange(f'{keys.PREFIX}:finished:{QUEUE}', 0, -1)}
+    queued: set[str] = set()
+    intermediate: set[str] = set()
+    wip: set[str] = set()
+    leases: set[str] = set()
+    deferred: set[str] = set()
+    ready: set[str] = set()
+    scheduled: set[str] = set()
+    failed_reg: set[str] = set()
+    finished_reg: set[str] = set()
+    for name in cfg.queue_names:
+        queue = RQQueue(name, connection=client)
+        queued |= {_text(x) for x in client.lrange(queue.key, 0, -1)}
+        intermediate |= {_text(x) for x in client.lrange(f'{queue.key}:intermediate', 0, -1)}
+        wip |= {_text(x).split(':', 1)[0] for x in client.zrange(keys.wip_key(name), 0, -1)}
+        leases |= {_text(x).split(':', 1)[0] for x in client.zrange(keys.leases_key(name), 0, -1)}
+        deferred |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:deferred:{name}', 0, -1)}
+        ready |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:ready:{name}', 0, -1)}  # RQ 3
+        scheduled |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:scheduled:{name}', 0, -1)}
+        failed_reg |= {_text(x) for x in client.zrange(keys.failed_key(name), 0, -1)}
+        finished_reg |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:finished:{name}', 0, -1)}
     job_class = rq_epoch.Job if side == EPOCH else RQJob
     jobs: list[JobAudit] = []
     for spec in plan.jobs:
@@ -1339,7 +1364,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         violations = check_invariants(jobs, cfg)
         for job_id in sorted({v.split(':', 1)[0] for v in violations}):
             histories[job_id] = job_history(job_id, client, run, jobs, ledger_lines, events)
-    refused = int(client.hget(keys.stats_key(QUEUE), 'refused') or 0)
+    refused = sum(int(client.hget(keys.stats_key(name), 'refused') or 0) for name in cfg.queue_names)
     return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused)
 
 
@@ -1517,6 +1542,7 @@ def describe(cfg: Config) -> str:
         f'{cfg.dependents:.0%} dependents), P={cfg.pills} poison pills, {cfg.workers} workers, K={cfg.restarts} '
         f'restarts (down {cfg.down_min}-{cfg.down_max} s, alternately SHUTDOWN and kill -9, appendfsync always), '
         f'W={cfg.kills} worker kills, F={cfg.freezes} freezes of {cfg.freeze_seconds:.0f} s, '
+        f'{cfg.queues} queue(s) per worker, '
         f'over {cfg.duration:.0f} s; '
         f'max_stalled {cfg.max_stalled}, {retry}, heartbeat {cfg.heartbeat} s, '
         f'leases {cfg.lease(EPOCH):.0f} s (rq-epoch) / {cfg.lease(STOCK):.0f} s (stock), sweeps every '
@@ -1628,6 +1654,9 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     p.add_argument('--server', choices=('valkey', 'redis'), default=d.server)
     p.add_argument('--sides', default=','.join(d.sides), help='stock,rq-epoch (either or both, in that order)')
     p.add_argument('--respawn-delay', type=float, default=d.respawn_delay)
+    p.add_argument(
+        '--queues', type=int, default=d.queues, help='queues every worker listens on; each job goes to one of them'
+    )
     p.add_argument('--keep', action='store_true', help='keep the work folder (logs, ledger, events)')
     p.add_argument('--workdir', default=None, help='work folder (default: a new temp folder)')
     p.add_argument(
@@ -1653,8 +1682,8 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     sides = tuple(s.strip() for s in ns.sides.split(',') if s.strip())
     if not sides or any(s not in SIDES for s in sides):
         p.error(f'--sides takes {", ".join(SIDES)}')
-    if ns.jobs < 1 or ns.workers < 1 or ns.max_stalled < 1 or ns.duration <= 0:
-        p.error('--jobs, --workers, --max-stalled and --duration must be positive')
+    if ns.jobs < 1 or ns.workers < 1 or ns.max_stalled < 1 or ns.duration <= 0 or ns.queues < 1:
+        p.error('--jobs, --workers, --max-stalled, --duration and --queues must be positive')
     if ns.topology == 'sentinel' and ns.restarts:
         p.error('--topology sentinel: use --failovers and --primary-freezes (and --restarts 0)')
     if ns.topology != 'sentinel' and (ns.failovers or ns.primary_freezes):
@@ -1727,7 +1756,7 @@ def sweeper_main(argv: Sequence[str]) -> int:
     where.add_argument('--url')
     where.add_argument('--sentinel', help='host:port,... of the sentinels (a new connection each sweep, as cron)')
     p.add_argument('--side', choices=SIDES, required=True)
-    p.add_argument('--queue', default=QUEUE)
+    p.add_argument('--queue', action='append', default=None, help='a queue to sweep (repeatable; default chaos)')
     p.add_argument('--interval', type=float, default=1.0)
     p.add_argument('--out', type=Path, required=True)
     p.add_argument('--limit', type=float, default=3600.0)
@@ -1756,7 +1785,7 @@ def sweeper_main(argv: Sequence[str]) -> int:
                 client.close()
                 client = connect()
             try:
-                records = _sweep_once(client, ns.side, ns.queue)
+                records = _sweep_once(client, ns.side, ns.queue or [QUEUE])
                 if unreachable:
                     records.append({'event': 'server back'})
                 unreachable = False
@@ -1774,10 +1803,10 @@ def sweeper_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _sweep_once(client: redis.Redis, side: str, queue: str) -> list[dict[str, Any]]:
-    """One sweep of ``queue``: rq-epoch's sweep or stock cleanup; the records to log."""
+def _sweep_once(client: redis.Redis, side: str, queues: Sequence[str]) -> list[dict[str, Any]]:
+    """One sweep of ``queues``: rq-epoch's sweep or stock cleanup; the records to log."""
     if side == EPOCH:
-        report = rq_epoch.Sweeper(client).sweep([queue])
+        report = rq_epoch.Sweeper(client).sweep(list(queues))
         return [
             {
                 'job_id': v.job_id,
@@ -1791,10 +1820,13 @@ def _sweep_once(client: redis.Redis, side: str, queue: str) -> list[dict[str, An
         ]
     from rq.registry import StartedJobRegistry
 
-    seconds, _ = client.time()
-    expired = [_text(m).split(':', 1)[0] for m in client.zrangebyscore(keys.wip_key(queue), 0, seconds)]
-    StartedJobRegistry(queue, connection=client).cleanup()
-    return [{'job_id': job_id, 'verdict': 'abandoned (stock cleanup)'} for job_id in expired]
+    records = []
+    for queue in queues:
+        seconds, _ = client.time()
+        expired = [_text(m).split(':', 1)[0] for m in client.zrangebyscore(keys.wip_key(queue), 0, seconds)]
+        StartedJobRegistry(queue, connection=client).cleanup()
+        records += [{'job_id': job_id, 'verdict': 'abandoned (stock cleanup)'} for job_id in expired]
+    return records
 
 
 if __name__ == '__main__':

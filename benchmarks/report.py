@@ -222,6 +222,90 @@ def memory_section(doc: dict[str, Any]) -> str:
     return '### 4. Server memory per running job\n\n' + md_table(headers, rows)
 
 
+def pickup_section(doc: dict[str, Any]) -> str:
+    s = doc['summary']
+    sides = [side for side in (STOCK, EPOCH, 'rq-epoch, polling') if side in s]
+    runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in sides}
+    rows = []
+    for side in sides:
+        t = s[side]
+        rows.append(
+            [
+                f'{side} ({runs[side]} run{"s" if runs[side] > 1 else ""})',
+                t['wait_calls_per_second'],
+                t['wait_server_us_per_second'],
+                t['idle_requests_per_second'],
+                t['after_idle_p50_ms'],
+                t['after_idle_max_ms'],
+                t['load_p50_ms'],
+                t['load_p99_ms'],
+                t['load_mean_ms'],
+                t['backlog_jobs_per_second'],
+                t['backlog_reads_per_job'],
+            ]
+        )
+    r = s['ratio']
+    rows.append(
+        [
+            'ratio rq-epoch / stock',
+            None,
+            None,
+            None,
+            r['after_idle_p50'],
+            None,
+            r['load_p50'],
+            None,
+            r['load_mean'],
+            r['backlog_jobs_per_second'],
+            None,
+        ]
+    )
+    headers = [
+        f'worker on {doc.get("queues", 3)} queues',
+        'idle: wait calls/s',
+        'idle: wait server µs/s',
+        'idle: worker requests/s',
+        'pickup after idle p50 ms',
+        'max ms',
+        'pickup under load p50 ms',
+        'p99 ms',
+        'mean ms',
+        'backlog jobs/s',
+        'requests/job',
+    ]
+    t = s['targets']
+    unit = s['per_call_us']
+    out = (
+        '### 5. Picking up jobs on several queues\n\n'
+        + md_table(headers, rows)
+        + f'\n\nTargets: under load ≤{t["load_ratio"]}× stock (p50 and mean): '
+        f'{_target(t["load_ratio_met"], "").strip()}; after idle ≤{t["after_idle_ms"]:g} ms: '
+        f'{_target(t["after_idle_met"], "").strip()}; idle wait ≤{t["idle_calls_per_second"]:g} calls/s and '
+        f'≤{t["idle_server_us_per_second"]:g} µs/s: {_target(t["idle_met"], "").strip()}. '
+        f"Alone, an empty take costs {unit['take_empty']} µs of server time and the wake-up's `EXISTS` "
+        f'{unit["exists"]} µs.'
+    )
+    fleets = doc.get('fleet') or []
+    if fleets:
+        fleet_rows = [
+            [f['side'], f['workers'], f['wait_calls_per_job'], f['wait_server_us_per_job'], f['pickup']['p50_ms']]
+            for f in fleets
+        ]
+        out += '\n\n' + md_table(
+            ['idle fleet', 'workers', 'wait calls / job', 'wait server µs / job', 'pickup p50 ms'], fleet_rows
+        )
+    alone = doc.get('wait_alone')
+    if alone:
+        alone_rows = [
+            [side, alone[side]['n'], alone[side]['p50_ms'], alone[side]['p90_ms'], alone[side]['p99_ms']]
+            for side in (STOCK, EPOCH)
+        ]
+        out += '\n\n' + md_table(
+            ['enqueue → dequeue returns (no fork)', 'samples', 'p50 ms', 'p90 ms', 'p99 ms'], alone_rows
+        )
+    return out
+
+
 def markdown(results: Path = RESULTS_DIR) -> str:
     """Every section whose results exist, with the environment of the run."""
     parts = []
@@ -232,6 +316,7 @@ def markdown(results: Path = RESULTS_DIR) -> str:
         ('worker_throughput', throughput_section),
         ('heartbeat', heartbeat_section),
         ('memory', memory_section),
+        ('pickup', pickup_section),
     )
     for name, render in loaders:
         doc = _load(results, name)

@@ -12,10 +12,12 @@ __all__ = [
     'TAKEN_RECORD_TTL',
     'failed_key',
     'finishing_key',
+    'intermediate_key',
     'job_key',
     'leases_key',
     'limbo_key',
     'primaries_key',
+    'queue_key',
     'stats_key',
     'taken_key',
     'wip_key',
@@ -51,6 +53,16 @@ def stats_key(queue_name: str) -> str:
 def limbo_key(queue_name: str) -> str:
     """Hash of first sightings of jobs stuck in RQ's intermediate queue (job id -> server time)."""
     return f'{PREFIX}:epoch:limbo:{queue_name}'
+
+
+def queue_key(queue_name: str) -> str:
+    """RQ's queue list."""
+    return f'{PREFIX}:queue:{queue_name}'
+
+
+def intermediate_key(queue_name: str) -> str:
+    """RQ's intermediate list of a queue: jobs taken by a worker that has not granted them yet."""
+    return f'{queue_key(queue_name)}:intermediate'
 
 
 def wip_key(queue_name: str) -> str:

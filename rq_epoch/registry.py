@@ -48,14 +48,21 @@ class StartedJobRegistry(RQStartedJobRegistry):
         """
         pipeline.zadd(self.key, {execution.composite_key: NO_EXPIRY}, xx=xx)
         lease_args = [execution.composite_key, max(int(ttl), 1)]
-        job_key = keys.job_key(execution.job_id)
         if xx:
             self.extend_index = len(pipeline)
             taken_key = keys.taken_key(execution.composite_key)
-            scripts.extend().queue(pipeline, [self.leases_key, job_key, taken_key], lease_args)
+            scripts.extend().queue(pipeline, [self.leases_key, keys.job_key(execution.job_id), taken_key], lease_args)
         else:
-            scripts.grant().queue(pipeline, [self.leases_key, job_key], [*lease_args, execution.id])
+            scripts.grant().queue(pipeline, self.grant_keys(execution.job_id), [*lease_args, execution.id])
         return 0
+
+    def grant_keys(self, job_id: str) -> list[str]:
+        """KEYS of the grant script for a job of this queue.
+
+        Besides the lease and the job, the grant removes the job's entry from RQ's
+        intermediate list (where the take left it) and its first sighting by a sweep.
+        """
+        return [self.leases_key, keys.job_key(job_id), keys.intermediate_key(self.name), keys.limbo_key(self.name)]
 
     def remove_execution(self, execution: Execution, *args: Any, **kwargs: Any) -> None:
         """Remove RQ's entry and the lease of an execution that ended."""

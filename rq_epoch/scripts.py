@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.client import Pipeline
 
-__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'commit', 'extend', 'grant', 'raise_typed', 'sweep']
+__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'commit', 'extend', 'grant', 'raise_typed', 'sweep', 'take']
 
 EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
 
@@ -113,7 +113,11 @@ def commit() -> ServerScript:
     return _script('commit')
 
 
+def take() -> ServerScript:
+    return _script('take')
+
+
 def load_all(connection: Redis) -> None:
     """Load every script (a worker does this at start and after the server returns)."""
-    for script in (grant(), extend(), sweep(), claim(), commit()):
+    for script in (grant(), extend(), sweep(), claim(), commit(), take()):
         script.load(connection)

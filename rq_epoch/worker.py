@@ -25,6 +25,7 @@ from .job import Job
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
 from .sweep import Sweeper, SweepReport, read_epoch
+from .take import Taker
 
 if TYPE_CHECKING:
     from rq.executions import Execution
@@ -185,9 +186,15 @@ class Worker(RQWorker):
             command_timeout=command_timeout,
             log=self.log,
             name=self.name,
-            on_move=lambda: scripts.load_all(self.connection),
+            on_move=self._after_primary_moved,
         )
         return watch.install(run_id)
+
+    def _after_primary_moved(self) -> None:
+        """Load the scripts on the new primary; the idle wait's own connections follow at its next wait."""
+        scripts.load_all(self.connection)
+        if self._taker is not None:
+            self._taker.reconnect()
 
     def _follow_primary(self) -> None:
         """Before an outcome is written: make sure this process talks to the current primary."""
@@ -248,7 +255,7 @@ class Worker(RQWorker):
             registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
             scripts.grant()(
                 self.connection,
-                [registry.leases_key, job.key],
+                registry.grant_keys(job.id),
                 [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
             )
         if isinstance(job, Job):
@@ -548,6 +555,35 @@ class Worker(RQWorker):
             super().check_for_suspension(burst)
         except _CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
+
+    # -- taking ----------------------------------------------------------------------
+
+    #: Takes jobs from the queues and waits for the next one (see :mod:`rq_epoch.take`).
+    taker_class: type[Taker] = Taker
+    _taker: Taker | None = None
+
+    @property
+    def taker(self) -> Taker:
+        """This worker's :class:`~rq_epoch.take.Taker` (made at the first dequeue)."""
+        if self._taker is None:
+            self._taker = self.taker_class(self.connection, log=self.log)
+        return self._taker
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        """RQ's dequeue loop, taking each job with rq-epoch's take instead of RQ's ``BLPOP``.
+
+        A worker on several queues takes a job, in its dequeue order, into that queue's
+        intermediate list in one atomic step, so a job is never off every list without a
+        lease; it waits for the next job with client tracking, not by polling. On one
+        queue, RQ's own ``BLMOVE`` into the intermediate list does the same. Everything
+        else (heartbeats, maintenance, idle timeout, queue reordering) is RQ's loop.
+        """
+        queue_class = self.queue_class
+        self.queue_class = self.taker.stand_in(queue_class)
+        try:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        finally:
+            self.queue_class = queue_class
 
     # -- sweeping --------------------------------------------------------------------
 

@@ -1,10 +1,15 @@
-"""A loopback TCP proxy that can hold one write on its way to the server.
+"""A loopback TCP proxy that can hold one write on its way to the server, or cut a reply.
 
 The fencing tests need a stale execution's commit to be *in flight*: sent by the worker
 after every check the worker makes, but not yet applied by the server, while a sweep takes
 the lease and a newer execution runs. The proxy forwards everything, except that once
 armed with a byte pattern it stops forwarding the first connection whose client sends
 those bytes, holds what it sent, and forwards it only when the test releases it.
+
+The take tests need the opposite: a command the server *has* applied, whose reply never
+reaches the client. Armed with :meth:`HoldingProxy.cut`, the proxy forwards the first write
+that contains the pattern, then closes that connection (both sides) when the server's
+reply arrives, instead of forwarding it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ class HoldingProxy:
         self._listener = socket.create_server(('127.0.0.1', 0))
         self.port: int = self._listener.getsockname()[1]
         self._pattern: bytes | None = None
+        self._cut_pattern: bytes | None = None
         self._lock = threading.Lock()
+        #: Set when a connection was closed in place of forwarding a reply.
+        self.cut_done = threading.Event()
         #: Set when a connection sent the pattern and its bytes are being held.
         self.held = threading.Event()
         self._released = threading.Event()
@@ -42,6 +50,13 @@ class HoldingProxy:
             self._pattern = pattern
             self.held.clear()
             self._released.clear()
+
+    def cut(self, pattern: bytes) -> None:
+        """Drop the reply to the first client write that contains ``pattern`` (once), and
+        close that connection."""
+        with self._lock:
+            self._cut_pattern = pattern
+            self.cut_done.clear()
 
     def release(self) -> None:
         """Forward the held write (and what followed it on that connection)."""
@@ -69,8 +84,9 @@ class HoldingProxy:
                 continue
             upstream.settimeout(None)
             self._sockets += [client, upstream]
-            threading.Thread(target=self._client_to_server, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            cut_reply = threading.Event()
+            threading.Thread(target=self._client_to_server, args=(client, upstream, cut_reply), daemon=True).start()
+            threading.Thread(target=self._server_to_client, args=(upstream, client, cut_reply), daemon=True).start()
 
     def _matches(self, tail: bytes, chunk: bytes) -> bool:
         with self._lock:
@@ -80,13 +96,23 @@ class HoldingProxy:
             self._pattern = None  # hold once
         return True
 
-    def _client_to_server(self, client: socket.socket, upstream: socket.socket) -> None:
+    def _cuts(self, tail: bytes, chunk: bytes) -> bool:
+        with self._lock:
+            pattern = self._cut_pattern
+            if pattern is None or pattern not in tail + chunk:
+                return False
+            self._cut_pattern = None  # cut once
+        return True
+
+    def _client_to_server(self, client: socket.socket, upstream: socket.socket, cut_reply: threading.Event) -> None:
         tail = b''
         try:
             while True:
                 chunk = client.recv(65536)
                 if not chunk:
                     break
+                if self._cuts(tail, chunk):
+                    cut_reply.set()  # before the server can answer
                 if self._matches(tail, chunk):
                     self.held.set()
                     self._released.wait(self.hold_limit)
@@ -97,12 +123,14 @@ class HoldingProxy:
         finally:
             _shutdown(client, upstream)
 
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
+    def _server_to_client(self, source: socket.socket, target: socket.socket, cut_reply: threading.Event) -> None:
         try:
             while True:
                 chunk = source.recv(65536)
                 if not chunk:
+                    break
+                if cut_reply.is_set():  # the reply to the cut command: close instead
+                    self.cut_done.set()
                     break
                 target.sendall(chunk)
         except OSError:

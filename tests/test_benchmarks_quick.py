@@ -26,6 +26,7 @@ BENCHMARKS = {
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
     'memory': ('rows',),
     'detection': ('runs', 'summary'),
+    'pickup': ('runs', 'fleet', 'wait_alone', 'summary'),
 }
 
 
@@ -78,6 +79,7 @@ def test_report_renders_every_section(results_dir: Path) -> None:
         '### 2. What a cleanup does',
         '### 3. Worker throughput',
         '### 4. Server memory per running job',
+        '### 5. Picking up jobs on several queues',
     ):
         assert heading in text
 

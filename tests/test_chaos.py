@@ -1,8 +1,9 @@
 """The chaos run in CI: a small deterministic configuration that asserts rq-epoch's invariants.
 
 The run itself (``python -m benchmarks.chaos``) starts its own Valkey server with
-``appendfsync always``, real ``rq worker --worker-class rq_epoch.Worker`` processes and a
-cron-like sweeper process, and injects two server restarts (one SHUTDOWN, one ``kill -9``),
+``appendfsync always``, real ``rq worker --worker-class rq_epoch.Worker`` processes on three
+queues each (so every job is taken by the take script) and a cron-like sweeper process,
+and injects two server restarts (one SHUTDOWN, one ``kill -9``),
 one SIGKILL of a busy worker and its horse, one freeze (SIGSTOP longer than the lease, then
 SIGCONT) and one poison pill. It runs on Valkey only, once per RQ version: the restart and
 recovery paths it drives are covered on both servers by the other end-to-end tests, and
@@ -24,7 +25,7 @@ from tests.conftest import ROOT
 SMALL = [
     '--jobs', '36', '--pills', '1', '--workers', '3', '--restarts', '2', '--kills', '1', '--freezes', '1',
     '--duration', '24', '--seed', '7', '--max-stalled', '2', '--max-seconds', '1.5', '--sides', 'rq-epoch',
-    '--server', 'valkey',
+    '--server', 'valkey', '--queues', '3',
 ]  # fmt: skip
 
 
@@ -39,7 +40,7 @@ def small_config() -> Config:
     """The configuration of :data:`SMALL`."""
     return Config(
         jobs=36, pills=1, workers=3, restarts=2, kills=1, freezes=1, duration=24, seed=7, max_stalled=2,
-        max_seconds=1.5, sides=('rq-epoch',),
+        max_seconds=1.5, sides=('rq-epoch',), queues=3,
     )  # fmt: skip
 
 
@@ -156,6 +157,7 @@ def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
     assert row['stale_outcomes_landed'] == 0
     assert set(row['superseded_executions']) <= {'kill', 'freeze'}
     assert not list((tmp_path / 'w').glob('*/data')), 'the run removes its folders'
+    assert json.loads(out.read_text())['config']['queues'] == 3
 
 
 def test_small_sentinel_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:

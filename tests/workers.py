@@ -7,9 +7,11 @@ import signal
 import sys
 from typing import Any
 
+from rq.queue import Queue as StockQueue
 from rq.worker import Worker as StockWorker
 
 from rq_epoch import Sweeper, Worker
+from rq_epoch.take import Taker
 
 
 class EpochWorkerDiesAfterDequeue(Worker):
@@ -17,6 +19,28 @@ class EpochWorkerDiesAfterDequeue(Worker):
 
     def prepare_execution(self, job: Any) -> Any:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _TakerDiesAfterTake(Taker):
+    def taken(self, queue: Any, job_id: str) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class EpochWorkerDiesAfterTake(Worker):
+    """Is SIGKILLed right after the take script moved a job, before the reply is used."""
+
+    taker_class = _TakerDiesAfterTake
+
+
+class StockQueueDiesAfterPop(StockQueue):
+    """Stock RQ's queue class; the worker using it is SIGKILLed right after a pop returned a job."""
+
+    @classmethod
+    def lpop(cls, *args: Any, **kwargs: Any) -> Any:
+        result = super().lpop(*args, **kwargs)
+        if result is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
 
 
 class StockWorkerDiesAfterDequeue(StockWorker):

@@ -6,6 +6,8 @@
 --
 -- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
+-- KEYS[3]  optional: RQ's intermediate list of the queue (<prefix>:queue:<queue>:intermediate)
+-- KEYS[4]  optional: first sightings of jobs in that list (<prefix>:epoch:limbo:<queue>)
 -- ARGV[1]  lease member, "<job_id>:<execution_id>"
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 -- ARGV[3]  execution id
@@ -13,6 +15,10 @@
 -- Returns {1, run_id, deadline} when granted; {0, run_id, 0} when the job hash is gone
 -- (nothing is written then). Errors with EPOCH_UNAVAILABLE when the server yields no
 -- valid run_id; nothing is written then either.
+--
+-- With KEYS[3] and KEYS[4], the job's entry in the intermediate list (left there by the
+-- take, or by RQ's BLMOVE on a single queue) and its first sighting by a sweep are
+-- removed: once the lease exists, the lease is what the sweep recovers.
 --
 -- A job that the sweep dead-lettered carries `stall_dead`; when it is granted again
 -- (someone requeued it by hand, with any tool) its stall budget starts afresh.
@@ -29,6 +35,11 @@ end
 local deadline = server_now() + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], deadline, ARGV[1])
 redis.call('HSET', KEYS[2], 'lease_epoch', run_id, 'lease_execution', ARGV[3])
+if KEYS[4] then
+  local job_id = string.sub(ARGV[1], 1, #ARGV[1] - #ARGV[3] - 1)
+  redis.call('LREM', KEYS[3], 1, job_id)
+  redis.call('HDEL', KEYS[4], job_id)
+end
 if redis.call('HEXISTS', KEYS[2], 'stall_dead') == 1 then
   redis.call('HSET', KEYS[2], 'stalled', 0)
   redis.call('HDEL', KEYS[2], 'stall_dead', 'stall_epochs')
