@@ -17,7 +17,9 @@ from .errors import (
 )
 from .failover import PrimaryWatch
 from .fence import Fence
-from .job import Job
+from .flavours import SimpleWorker, SpawnWorker
+from .job import EpochJobMixin, Job
+from .jobclass import epoch_job_class, is_epoch_job_class
 from .queue import Queue
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
@@ -28,6 +30,7 @@ __version__ = '0.2.0'
 
 __all__ = [
     'ConfigurationError',
+    'EpochJobMixin',
     'EpochSettings',
     'EpochUnavailableError',
     'Fence',
@@ -40,12 +43,16 @@ __all__ = [
     'RqEpochError',
     'ServerEpoch',
     'ServerOutageError',
+    'SimpleWorker',
+    'SpawnWorker',
     'StalledJobError',
     'StartedJobRegistry',
     'SweepReport',
     'Sweeper',
     'Worker',
+    'epoch_job_class',
     'is_counted',
+    'is_epoch_job_class',
     'is_exempt',
     'is_valid_run_id',
     'read_epoch',

@@ -32,6 +32,7 @@ from rq.utils import import_attribute
 from . import __version__, keys
 from .errors import ConfigurationError, RqEpochError
 from .job import Job, stalled_count
+from .jobclass import epoch_job_class
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
 from .settings import EpochSettings
@@ -155,17 +156,10 @@ class CliConfig:
 
 
 def _resolve_job_class(name: str) -> type[Job]:
-    from rq.job import Job as RQJob
-
     try:
-        cls = import_attribute(name)
-    except Exception as exc:  # noqa: BLE001
+        return epoch_job_class(name)
+    except ConfigurationError as exc:
         raise click.BadParameter(_one_line(exc), param_hint='--job-class') from exc
-    if cls is RQJob:
-        return Job
-    if isinstance(cls, type) and issubclass(cls, Job):
-        return cls
-    raise click.BadParameter(f'{name} is not derived from rq_epoch.Job', param_hint='--job-class')
 
 
 def all_queue_names(connection: Redis) -> list[str]:
@@ -188,7 +182,7 @@ _shared_options = [
         envvar='RQ_JOB_CLASS',
         default='rq_epoch.Job',
         show_default=True,
-        help='Job class (rq.job.Job means rq_epoch.Job; others must derive from it).',
+        help='Job class (derived from rq.job.Job; it is given the epoch behaviour).',
     ),
     click.option(
         '--connection-class',

@@ -15,6 +15,12 @@ execution. The check and the write are one atomic step in the server, in the sam
 round trip as RQ's own commit; a WATCH that RQ set (on the job's dependents) still guards
 the transaction around it.
 
+An outcome is refused only on evidence that someone else took over: a sweep's record of
+taking the lease, or a newer lease holder. An execution that was never granted a lease
+and has no newer holder commits (once: the script records it, so a retried commit is
+refused as "gone", like the retried commit of a leased execution, whose lease the first
+attempt removed).
+
 A transaction that already carries a script call cannot be nested inside another script,
 and a script cannot call a command with more arguments than Lua's stack holds; such a
 commit (rare: a unique or rate-limited re-enqueue, a job with thousands of dependents) is
@@ -41,6 +47,10 @@ _SCRIPT_COMMANDS = frozenset({'EVAL', 'EVALSHA', 'EVAL_RO', 'EVALSHA_RO', 'FCALL
 #: Most arguments of one command the commit script passes through ``unpack`` (Lua's C
 #: stack holds 8,000 values in Redis and Valkey); a longer command goes the WATCH way.
 _MAX_UNPACKED = 7000
+#: Replies of the commit script that let the outcome land: 1 the execution holds its
+#: lease; 2 it holds none and nobody took over (an execution that was never granted one).
+_ALLOWED = (1, 2)
+_UNLEASED = 2
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Fence:
             keys.job_key(self.job_id),
             keys.stats_key(self.queue),
             keys.taken_key(self.member),
+            keys.committed_key(self.member),
         ]
 
     def check(self, connection: Redis | Pipeline) -> OutcomeRefused | None:
@@ -70,8 +81,12 @@ class Fence:
 
         Writes nothing and counts nothing (used before running a callback).
         """
-        reply = scripts.commit()(connection, self.script_keys, [self.member, self.execution_id, '0', 0])
-        return None if int(reply[0]) == 1 else self.refusal(reply)
+        reply = scripts.commit()(connection, self.script_keys, self.script_args('0', 0))
+        return None if int(reply[0]) in _ALLOWED else self.refusal(reply)
+
+    def script_args(self, mode: str, ncommands: int) -> list[Any]:
+        """The commit script's fixed arguments (the commands, if any, follow them)."""
+        return [self.member, self.execution_id, mode, ncommands, keys.COMMITTED_RECORD_TTL]
 
     def refusal(self, reply: list[Any]) -> OutcomeRefused:
         reason, detail, holder = (_text(x) for x in reply[1:4])
@@ -115,12 +130,12 @@ def _name(args: tuple[Any, ...]) -> str:
 def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:
     """Send the queued commands as arguments of the commit script (one round trip)."""
     commands = list(pipeline.command_stack)
-    argv: list[Any] = [fence.member, fence.execution_id, '1', len(commands)]
+    argv: list[Any] = fence.script_args('1', len(commands))
     for args, _options in commands:
         argv.append(len(args))
         argv.extend(args)
     script = scripts.commit()
-    call = ('EVALSHA', script.sha, 4, *fence.script_keys, *argv)
+    call = ('EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *argv)
     watching = pipeline.watching
     for _ in range(2):
         pipeline.command_stack[:] = [(call, {})]
@@ -134,7 +149,7 @@ def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_e
             raise WatchError('the commit script had to be loaded; the transaction is rebuilt')
     if isinstance(reply, Exception):
         raise reply
-    if int(reply[0]) != 1:
+    if int(reply[0]) not in _ALLOWED:
         raise fence.refusal(reply)
     return _replies(pipeline, commands, list(reply[1:]), raise_on_error)
 
@@ -160,24 +175,33 @@ def _replies(pipeline: Pipeline, commands: list[Any], replies: list[Any], raise_
 
 
 def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:
-    """Fence a transaction that carries a script call: WATCH the job hash, check, commit."""
+    """Fence a transaction that carries a script call: WATCH the job hash, check, commit.
+
+    For an execution that holds no lease, the record that it committed is written by the
+    same transaction, so it exists exactly when the outcome landed.
+    """
     rq_watching = pipeline.watching
     commands = list(pipeline.command_stack)
     loaded = set(pipeline.scripts)
     script = scripts.commit()
     for _ in range(20):
-        pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id))
+        pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id), keys.committed_key(fence.member))
         try:
             reply = pipeline.immediate_execute_command(
-                'EVALSHA', script.sha, 4, *fence.script_keys, fence.member, fence.execution_id, '1', 0
+                'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args('1', 0)
             )
         except NoScriptError:
             _load(pipeline, script)
             continue
-        if int(reply[0]) != 1:
+        if int(reply[0]) not in _ALLOWED:
             raise fence.refusal(reply)
+        unleased = int(reply[0]) == _UNLEASED
+        if unleased:
+            record = ('SET', keys.committed_key(fence.member), '1', 'EX', keys.COMMITTED_RECORD_TTL)
+            pipeline.command_stack.append((record, {}))
         try:
-            return list(original(raise_on_error))
+            replies = list(original(raise_on_error))
+            return replies[:-1] if unleased else replies
         except WatchError:
             if rq_watching:
                 raise

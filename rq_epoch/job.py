@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger('rq_epoch')
 
-__all__ = ['Job', 'stalled_count']
+__all__ = ['EpochJobMixin', 'Job', 'stalled_count']
 
 
 def _text(raw: Any) -> str | None:
@@ -54,36 +54,31 @@ def stalled_count(stalled: Any, status: Any, stall_dead: Any) -> int:
     return _int(stalled, 0) or 0
 
 
-class Job(RQJob):
-    """An RQ job whose lease is stamped with the server epoch.
+if TYPE_CHECKING:
+    _MixinBase = RQJob
+else:
+    _MixinBase = object
 
-    Attributes read from the job hash (written only by rq-epoch's scripts):
 
-    * ``lease_epoch``: run_id of the server process that last granted or extended the lease.
-    * ``stalled``: counted stalls so far.
-    * ``exempt_recoveries``: requeues after leases that crossed a restart (not counted).
-    * ``stale_outcomes``: outcomes of stale executions that the fence refused.
+class EpochJobMixin(_MixinBase):
+    """The epoch behaviour of a job, for any class derived from RQ's Job.
 
-    Set by you at enqueue time (see :class:`rq_epoch.Queue`):
-
-    * ``max_stalled``: this job's stall budget; None uses the sweeper's setting.
-
-    ``save()`` never writes the stamp or the counters, so a stale copy of a job can't
-    clobber what the scripts wrote.
-
-    While a worker runs the job, :attr:`fence` names the execution that holds its lease:
-    the job's ``on_success`` / ``on_failure`` / ``on_stopped`` callbacks are then looked up
-    only while that execution still holds it, and webhooks are not sent for an outcome
-    that the fence refused.
+    :class:`rq_epoch.Job` is this mixin on RQ's Job; :func:`rq_epoch.epoch_job_class`
+    puts it on any other job class at run time. The defaults below are class attributes
+    so that a job object made by another class can be given the behaviour in place
+    (see :func:`rq_epoch.jobclass.adopt`).
     """
 
-    lease_epoch: str | None
-    lease_execution: str | None
-    stalled: int
-    exempt_recoveries: int
-    stale_outcomes: int
+    lease_epoch: str | None = None
+    lease_execution: str | None = None
+    stalled: int = 0
+    exempt_recoveries: int = 0
+    stale_outcomes: int = 0
+    _max_stalled: int | None = None
     #: The execution this process runs the job under (set by the worker), or None.
-    fence: Fence | None
+    fence: Fence | None = None
+    #: True once the fence refused this process's outcome of the job.
+    outcome_refused: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease_epoch = None
@@ -91,9 +86,8 @@ class Job(RQJob):
         self.stalled = 0
         self.exempt_recoveries = 0
         self.stale_outcomes = 0
-        self._max_stalled: int | None = None
+        self._max_stalled = None
         self.fence = None
-        #: True once the fence refused this process's outcome of the job.
         self.outcome_refused = False
         self._callback_decisions: dict[tuple[str, str], bool] = {}
         super().__init__(*args, **kwargs)
@@ -140,14 +134,15 @@ class Job(RQJob):
         """
         if callback is None or self.fence is None:
             return True
-        decided = self._callback_decisions.get((name, self.fence.execution_id))
+        decisions = self.__dict__.setdefault('_callback_decisions', {})  # a job adopted in place has none yet
+        decided = decisions.get((name, self.fence.execution_id))
         if decided is not None:
             return decided
         if self.outcome_refused:
             refusal: Any = 'its outcome was refused'
         else:
             refusal = self.fence.check(self.connection)
-        self._callback_decisions[(name, self.fence.execution_id)] = refusal is None
+        decisions[(name, self.fence.execution_id)] = refusal is None
         if refusal is None:
             return True
         logger.warning(
@@ -187,3 +182,48 @@ class Job(RQJob):
         return StartedJobRegistry(
             self.origin, connection=self.connection, job_class=self.__class__, serializer=self.serializer
         )
+
+    def __eq__(self, other: object) -> bool:
+        """RQ's equality (same id, an instance of the job's class), with the epoch layer transparent.
+
+        A job of the epoch variant of a class equals a job of that class with the same id.
+        """
+        base = type(self).__dict__.get('_rq_epoch_base')
+        if base is None:
+            return bool(super().__eq__(other))
+        if base.__eq__ is not RQJob.__eq__:
+            return bool(base.__eq__(self, other))
+        return isinstance(other, base) and self.id == other.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+
+class Job(EpochJobMixin, RQJob):
+    """An RQ job whose lease is stamped with the server epoch.
+
+    Attributes read from the job hash (written only by rq-epoch's scripts):
+
+    * ``lease_epoch``: run_id of the server process that last granted or extended the lease.
+    * ``lease_execution``: the execution that holds the lease.
+    * ``stalled``: counted stalls so far.
+    * ``exempt_recoveries``: requeues after leases that crossed a restart (not counted).
+    * ``stale_outcomes``: outcomes of stale executions that the fence refused.
+
+    Set by you at enqueue time (see :class:`rq_epoch.Queue`):
+
+    * ``max_stalled``: this job's stall budget; None uses the sweeper's setting.
+
+    ``save()`` never writes the stamp or the counters, so a stale copy of a job can't
+    clobber what the scripts wrote.
+
+    While a worker runs the job, :attr:`fence` names the execution that holds its lease:
+    the job's ``on_success`` / ``on_failure`` / ``on_stopped`` callbacks are then looked up
+    only while that execution still holds it, and webhooks are not sent for an outcome
+    that the fence refused.
+
+    A job class of your own gets the same behaviour by deriving from this class, or from
+    RQ's Job alone (see :func:`rq_epoch.epoch_job_class`).
+    """
+
+    _rq_epoch_base = RQJob

@@ -8,8 +8,10 @@ except ImportError:  # RQ 2.x: fixed prefix
     _RQ_PREFIX = 'rq'
 
 __all__ = [
+    'COMMITTED_RECORD_TTL',
     'PREFIX',
     'TAKEN_RECORD_TTL',
+    'committed_key',
     'failed_key',
     'finishing_key',
     'intermediate_key',
@@ -38,6 +40,16 @@ def leases_key(queue_name: str) -> str:
 def taken_key(member: str) -> str:
     """Record that a sweep took the lease ``<job_id>:<execution_id>``: the verdict, with a TTL."""
     return f'{PREFIX}:epoch:taken:{member}'
+
+
+#: Seconds the record of an unleased execution's commit is kept: longer than any worker
+#: retries an outcome after a connection error.
+COMMITTED_RECORD_TTL = 86400
+
+
+def committed_key(member: str) -> str:
+    """Record that the execution ``<job_id>:<execution_id>``, which held no lease, committed its outcome."""
+    return f'{PREFIX}:epoch:committed:{member}'
 
 
 def finishing_key() -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from rq.queue import Queue as RQQueue
 
 from .job import Job
+from .jobclass import epoch_job_class
 
 __all__ = ['Queue']
 
@@ -16,13 +17,14 @@ class Queue(RQQueue):
     """An RQ queue whose ``enqueue`` family accepts ``max_stalled=N``.
 
     ``max_stalled`` is this job's stall budget (a whole number of at least 1); without it
-    the sweeper's setting (``RQ_EPOCH_MAX_STALLED``) applies. Jobs are ``rq_epoch.Job``.
+    the sweeper's setting (``RQ_EPOCH_MAX_STALLED``) applies. Jobs are ``rq_epoch.Job``, or
+    the epoch variant of the ``job_class`` given (see :func:`rq_epoch.epoch_job_class`).
     """
 
     job_class = Job
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault('job_class', Job)
+        kwargs['job_class'] = epoch_job_class(kwargs.get('job_class') or type(self).job_class)
         super().__init__(*args, **kwargs)
         self._pending = threading.local()
 

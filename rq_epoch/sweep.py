@@ -13,6 +13,7 @@ import redis
 from redis.exceptions import NoPermissionError, ResponseError, WatchError
 from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.exceptions import NoSuchJobError
+from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import resolve_serializer
 from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
@@ -21,6 +22,7 @@ from rq.utils import now
 from . import epoch, keys, scripts
 from .errors import EpochUnavailableError, StalledJobError
 from .job import Job
+from .jobclass import epoch_job_class
 from .queue import Queue
 from .settings import EpochSettings
 
@@ -269,6 +271,9 @@ class Sweeper:
     Subclassing points: :meth:`failure_reason` (the text of a dead letter's failure),
     :meth:`log_verdict`, :meth:`log_dead_letter`, and :meth:`before_finish` (called after a script returned, before
     the side effects of its dead letters run; the tests use it to kill a sweeper there).
+
+    ``job_class`` may be any class derived from RQ's Job; the sweep uses its epoch variant
+    (see :func:`rq_epoch.epoch_job_class`).
     """
 
     job_class: type[Job] = Job
@@ -285,7 +290,7 @@ class Sweeper:
         max_stalled: int | None = None,
         batch_size: int | None = None,
         restart_grace: int | None = None,
-        job_class: type[Job] | None = None,
+        job_class: type[RQJob] | str | None = None,
         serializer: Any = None,
         failure_ttl: int = DEFAULT_FAILURE_TTL,
         claim_ttl: int = 300,
@@ -305,9 +310,7 @@ class Sweeper:
         )
         self.connection = connection
         if job_class is not None:
-            if not issubclass(job_class, Job):
-                job_class = Job
-            self.job_class = job_class
+            self.job_class = epoch_job_class(job_class)
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl
@@ -602,7 +605,9 @@ class Sweeper:
             except Exception:
                 logger.exception('sweep: exception handler for job %s raised', job.id)
         if has_dependents:
-            queue = self.queue_class(queue_name, connection=self.connection, serializer=self.serializer)
+            queue = self.queue_class(
+                queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
+            )
             try:
                 queue.enqueue_dependents(job)
             except Exception:

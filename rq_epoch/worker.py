@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
+import threading
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -18,10 +20,11 @@ from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
 from . import keys, scripts
-from .errors import ConfigurationError, OutcomeRefused, RqEpochError
+from .errors import OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
 from .fence import Fence, arm
-from .job import Job
+from .job import EpochJobMixin, Job
+from .jobclass import adopt, epoch_job_class
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
 from .sweep import Sweeper, SweepReport, read_epoch
@@ -46,6 +49,12 @@ try:  # RQ 3: dependents moved to "ready" whose push onto the queue was interrup
 except ImportError:  # RQ 2.x enqueues dependents inside the parent's own transaction
     _MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
 
+#: RQ 3's get_heartbeat_ttl takes the job's working time; RQ 2's does not.
+_TTL_TAKES_WORKING_TIME = 'working_time' in inspect.signature(RQWorker.get_heartbeat_ttl).parameters
+
+#: RQ 3's cleanup_execution is told the execution; RQ 2's uses the worker's current one.
+_CLEANUP_TAKES_EXECUTION = 'execution' in inspect.signature(RQWorker.cleanup_execution).parameters
+
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
@@ -53,20 +62,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _epoch_job_class(job_class: Any) -> type[Job]:
-    """The job class to use: rq_epoch.Job in place of RQ's default, a subclass kept."""
-    if job_class is None:
-        return Job
-    if isinstance(job_class, str):
-        job_class = import_attribute(job_class)
-    if job_class is RQJob:
-        return Job
-    if isinstance(job_class, type) and issubclass(job_class, Job):
-        return job_class
-    raise ConfigurationError(
-        f'rq_epoch.Worker needs a job class derived from rq_epoch.Job, got {job_class!r}; '
-        'derive your job class from rq_epoch.Job'
-    )
+def _worker_job_class(worker_class: type, requested: Any) -> type[Job]:
+    """The epoch variant of the job class asked for, else of the worker class's ``job_class``.
+
+    RQ's own Job (what the rq CLI passes when ``--job-class`` is not given) counts as not
+    asked for, so a subclass's ``job_class = MyJob`` is respected under the CLI too.
+    """
+    if isinstance(requested, str):
+        requested = import_attribute(requested)
+    if requested is None or requested is RQJob:
+        requested = getattr(worker_class, 'job_class', None)
+    return epoch_job_class(requested)
 
 
 class Worker(RQWorker):
@@ -109,7 +115,7 @@ class Worker(RQWorker):
             restart_grace=restart_grace,
             batch_size=batch_size,
         )
-        kwargs['job_class'] = _epoch_job_class(kwargs.get('job_class'))
+        kwargs['job_class'] = _worker_job_class(type(self), kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
         if (
             heartbeat_interval is None
@@ -121,14 +127,12 @@ class Worker(RQWorker):
                 environ={}, **{**asdict(self.epoch_settings), 'heartbeat_interval': self.job_monitoring_interval}
             )
         self.job_monitoring_interval = self.epoch_settings.heartbeat_interval
-        for queue in self.queues:
-            if not (isinstance(queue.job_class, type) and issubclass(queue.job_class, Job)):
-                queue.job_class = self.job_class
         self._last_sweep: float | None = None
         self._known_run_id: str | None = None
         self._server_lost_at: float | None = None
         self._lost_lease_job_ids: set[str] = set()
-        self._fenced_execution: Execution | None = None
+        self._scheduler_tried_at = float('-inf')
+        self._dead_scheduler_pid: int | None = None
         self.last_sweep_report: SweepReport | None = None
         #: Follows the primary after a failover; installed at :meth:`bootstrap`.
         self.primary_watch: PrimaryWatch | None = None
@@ -241,8 +245,11 @@ class Worker(RQWorker):
         """Start an execution as RQ does; the grant script rides in RQ's transaction.
 
         The job object then carries the execution's :class:`~rq_epoch.fence.Fence` (the
-        work-horse inherits it), so its callbacks run only while the lease is held.
+        work-horse inherits it), so its callbacks run only while the lease is held. A job
+        object of a class without the epoch behaviour is given it first (see
+        :func:`rq_epoch.jobclass.adopt`): every execution this worker starts is leased.
         """
+        adopt(job)
         try:
             execution = super().prepare_execution(job)
         except redis.exceptions.NoScriptError:
@@ -258,9 +265,20 @@ class Worker(RQWorker):
                 registry.grant_keys(job.id),
                 [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
             )
-        if isinstance(job, Job):
-            job.fence = Fence(job.origin, job.id, execution.id)
+        job.fence = Fence(job.origin, job.id, execution.id)
         return execution
+
+    def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
+        """Run the job as RQ does (in the work-horse, or in-process), as the execution that holds its lease.
+
+        A job object without the epoch behaviour is given it, and one that does not carry
+        its execution's fence yet (a spawned work-horse fetched it anew) is given it.
+        """
+        adopt(job)
+        execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
+        if job.fence is None and execution is not None and execution.job_id == job.id:
+            job.fence = Fence(job.origin, job.id, execution.id)
+        return bool(super().perform_job(job, queue, *args, **kwargs))
 
     def prepare_job_execution(self, job: Any, *args: Any, **kwargs: Any) -> None:
         """RQ's preparation in the work-horse (status "started"), riding out a server outage.
@@ -292,6 +310,7 @@ class Worker(RQWorker):
         execution = execution if execution is not None else self.execution
         if execution is None:
             return
+        adopt(job)
         deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
         delay = 0.1
         while True:
@@ -312,12 +331,20 @@ class Worker(RQWorker):
             self._lease_lost(job, taken)
         self._sweep_if_due()
 
-    def _heartbeat_lease(self, job: Any, execution: Execution) -> tuple[bool, str, str]:
-        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease)."""
+    def _heartbeat_lease(self, job: Any, execution: Execution, connection: Any = None) -> tuple[bool, str, str]:
+        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease).
+
+        ``connection``: the client to send it with (a lease keeper thread has its own).
+        """
+        connection = connection if connection is not None else self.connection
         worker_ttl = self.job_monitoring_interval + 60
-        ttl = self.get_heartbeat_ttl(job)
+        if _TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
+            working_time = (now() - job.started_at).total_seconds() if job.started_at else 0.0
+            ttl = int(self.get_heartbeat_ttl(job, working_time=working_time))
+        else:
+            ttl = int(self.get_heartbeat_ttl(job))
         registry = job.started_job_registry
-        with self.connection.pipeline() as pipeline:
+        with connection.pipeline() as pipeline:
             self.heartbeat(worker_ttl, pipeline=pipeline)
             execution.heartbeat(registry, ttl, pipeline=pipeline)
             job_index = len(pipeline)
@@ -325,9 +352,9 @@ class Worker(RQWorker):
             results = pipeline.execute(raise_on_error=False)
         extend_result = results[registry.extend_index] if registry.extend_index is not None else None
         if isinstance(extend_result, redis.exceptions.NoScriptError):
-            scripts.load_all(self.connection)
+            scripts.load_all(connection)
             extend_result = scripts.extend()(
-                self.connection,
+                connection,
                 [registry.leases_key, job.key, keys.taken_key(execution.composite_key)],
                 [execution.composite_key, ttl],
             )
@@ -337,7 +364,7 @@ class Worker(RQWorker):
                     raise result
         if isinstance(extend_result, redis.exceptions.ResponseError):
             scripts.raise_typed(extend_result)
-        with self.connection.pipeline() as pipeline:
+        with connection.pipeline() as pipeline:
             if results[job_index] == 1:  # the job hash was gone: don't leave a stub (rq#1450)
                 pipeline.delete(job.key)
             if results[0] == 1:  # the worker hash had expired
@@ -371,6 +398,10 @@ class Worker(RQWorker):
                 self._known_run_id,
                 run_id,
             )
+            try:
+                self._keep_scheduler(force=True)
+            except _CONNECTION_ERRORS:
+                pass
         elif self._known_run_id and run_id != self._known_run_id:
             if self.primary_watch is None or not self.primary_watch.announced(run_id):
                 self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
@@ -402,13 +433,18 @@ class Worker(RQWorker):
         execution's fence: its commit lands only while the execution holds the lease.
         """
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
-        if execution is None and self._fenced_execution is not None and self._fenced_execution.job_id == job.id:
-            # RQ 2 clears self.execution in the first attempt of a transaction that it then
-            # rebuilds (after a WatchError): the rebuilt commit is fenced all the same.
-            execution = self._fenced_execution
+        if execution is None:
+            # RQ's loop is building the same transaction again after a WatchError; RQ 2 let
+            # go of the execution the first time round. The pipeline remembers it.
+            execution = pipeline.__dict__.get('_rq_epoch_execution')
+            if execution is not None and execution.job_id == job.id:
+                if _CLEANUP_TAKES_EXECUTION:
+                    kwargs['execution'] = execution
+                else:
+                    self.execution = execution
         super().cleanup_execution(job, pipeline, *args, **kwargs)
         if execution is not None and execution.job_id == job.id:
-            self._fenced_execution = execution
+            pipeline.__dict__['_rq_epoch_execution'] = execution
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
     def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
@@ -443,6 +479,7 @@ class Worker(RQWorker):
         seconds; a first attempt that landed after all makes the next one find the lease
         gone, so an outcome is never written twice.
         """
+        adopt(job)
         give_up = time.monotonic() + self.outcome_retry_limit
         delay = 0.1
         attempt = 0
@@ -482,7 +519,7 @@ class Worker(RQWorker):
 
     def outcome_refused(self, job: Any, what: str, refusal: OutcomeRefused) -> None:
         """Report an outcome the fence refused: one WARNING line (the server counted it)."""
-        if isinstance(job, Job):
+        if isinstance(job, EpochJobMixin):
             job.outcome_refused = True
         self.log.warning(
             'Worker %s: refused the %s of job %s from execution %s: %s',
@@ -529,8 +566,38 @@ class Worker(RQWorker):
             super().heartbeat(timeout)
             if self._server_lost_at is not None:
                 self._server_reachable(read_epoch(self.connection).run_id)
+            self._keep_scheduler()
         except _CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
+
+    def _keep_scheduler(self, force: bool = False) -> None:
+        """Start RQ's scheduler process again if it died (``--with-scheduler``, worker pools).
+
+        RQ's scheduler process quits on a connection error, so a server restart ends it; RQ
+        itself starts it again only with its maintenance (every ``maintenance_interval``,
+        10 minutes by default). This is RQ's own check (``acquire_locks(auto_start=True)``),
+        run as soon as the server is back (``force``) and at idle heartbeats (at most once
+        per sweep interval), for a scheduler this worker had started. Raises on a
+        connection error (the caller rides it out).
+        """
+        scheduler = self.scheduler
+        if scheduler is None or self._is_horse or self._stop_requested:
+            return
+        process = scheduler._process
+        if process is None or process.is_alive() or threading.current_thread() is not threading.main_thread():
+            return
+        if not force and time.monotonic() - self._scheduler_tried_at < self.epoch_settings.sweep_interval:
+            return
+        self._scheduler_tried_at = time.monotonic()
+        if self._dead_scheduler_pid != process.pid:
+            self._dead_scheduler_pid = process.pid
+            self.log.warning(
+                'Worker %s: the scheduler process (pid %s) has exited (exit code %s); starting it again',
+                self.name,
+                process.pid,
+                process.exitcode,
+            )
+        scheduler.acquire_locks(auto_start=True)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is not None:

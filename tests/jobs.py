@@ -66,3 +66,16 @@ def gated(path: str, tag: str, release: str, first_run: str = 'return', limit: f
 
 def on_success_record(job, connection, result) -> None:  # noqa: ANN001 - RQ's callback signature
     connection.rpush(f'test:on_success:{job.id}', str(result))
+
+
+def describe_current_job() -> str:
+    """The class of the job object the worker runs, as the job itself sees it."""
+    from rq import get_current_job
+
+    from rq_epoch import EpochJobMixin
+    from tests.jobclasses import TracedJob
+
+    job = get_current_job()
+    cls = type(job)
+    flags = f'epoch={isinstance(job, EpochJobMixin)} traced={isinstance(job, TracedJob)}'
+    return f'{cls.__module__}.{cls.__qualname__} {flags}'

@@ -90,3 +90,104 @@ def test_the_heartbeat_tells_its_own_commit_from_a_sweep_by_identity(conn) -> No
     extend = [keys.leases_key('default'), job.key, keys.taken_key(member)]
     extended, _, _, taken = scripts.extend()(conn, extend, [member, 30])
     assert (extended, taken) == (0, b'')
+
+
+def _unleased(conn: redis.Redis, queue: Queue) -> Fence:
+    """A job started by an execution that was never granted a lease (no holder recorded)."""
+    job = queue.enqueue('tests.jobs.add', 1, 2)
+    conn.lrem(queue.key, 0, job.id)
+    conn.hset(job.key, 'status', 'started')
+    return Fence(queue.name, job.id, 'unleased')
+
+
+@pytest.mark.parametrize('with_script', [False, True], ids=['scripted', 'watched'])
+def test_an_unleased_execution_commits_once_and_its_retry_is_refused_as_gone(conn, with_script: bool) -> None:
+    fence = _unleased(conn, Queue('default', connection=conn))
+    assert fence.check(conn) is None  # nobody took over: its callbacks may run
+    _outcome(conn, fence, with_script=with_script)
+    assert conn.hget(keys.job_key(fence.job_id), 'status') == b'finished'
+    assert conn.exists(keys.committed_key(fence.member)) == 1
+    # The worker sends the same commit again when it could not tell whether the first landed.
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence, with_script=with_script)
+    assert refused.value.reason == 'gone'
+    assert conn.xlen(f'{keys.PREFIX}:results:{fence.job_id}') == 1
+    assert conn.lrange('test:pushed', 0, -1) == ([b'x'] if with_script else [])
+    assert conn.hget(keys.stats_key('default'), 'refused') is None  # a retry is not a stale outcome
+
+
+def test_an_unleased_execution_is_refused_once_a_newer_one_holds_the_job(conn) -> None:
+    fence = _unleased(conn, Queue('default', connection=conn))
+    newer = f'{fence.job_id}:newer'
+    scripts.grant()(conn, [keys.leases_key('default'), keys.job_key(fence.job_id)], [newer, 60, 'newer'])
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence)
+    assert (refused.value.reason, refused.value.detail) == ('superseded', 'newer')
+    assert conn.hget(keys.job_key(fence.job_id), 'status') == b'started'
+    assert conn.exists(keys.committed_key(fence.member)) == 0
+
+
+def test_an_unleased_execution_whose_entry_a_sweep_requeued_is_refused(conn) -> None:
+    """RQ's own registry entry, with a real deadline (as a worker without a grant leaves it): the
+    sweep requeues the job and records it, and the execution's outcome is refused."""
+    from rq_epoch import Sweeper
+
+    fence = _unleased(conn, Queue('default', connection=conn))
+    seconds, _ = conn.time()
+    conn.zadd(keys.wip_key('default'), {fence.member: seconds - 5})
+    (verdict,) = Sweeper(conn, restart_grace=0).sweep(['default']).verdicts
+    assert verdict.verdict == 'exempt'
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence)
+    assert (refused.value.reason, refused.value.detail) == ('taken', 'exempt')
+    assert conn.hget(keys.job_key(fence.job_id), 'status') == b'queued'
+    assert conn.xlen(f'{keys.PREFIX}:results:{fence.job_id}') == 0
+
+
+def test_an_unleased_execution_of_a_deleted_job_writes_nothing(conn) -> None:
+    fence = _unleased(conn, Queue('default', connection=conn))
+    conn.delete(keys.job_key(fence.job_id))
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence)
+    assert refused.value.reason == 'gone'
+    assert conn.exists(keys.job_key(fence.job_id), f'{keys.PREFIX}:results:{fence.job_id}') == 0
+
+
+@pytest.mark.parametrize('with_script', [False, True], ids=['scripted', 'watched'])
+def test_a_leased_execution_commits_once_and_its_retry_is_refused_as_gone(conn, with_script: bool) -> None:
+    job, member = start_job(conn, Queue('default', connection=conn), expired=False)
+    fence = _fence(job.id, member)
+    _outcome(conn, fence, with_script=with_script)
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence, with_script=with_script)
+    assert refused.value.reason == 'gone'
+    assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
+    assert conn.exists(keys.committed_key(member)) == 0  # a leased commit needs no record
+
+
+def test_a_commit_rebuilt_after_the_script_was_loaded_is_still_fenced_and_cleans_up(conn) -> None:
+    """RQ's success path WATCHes the job's dependents, so a commit that finds the script
+    missing (the server restarted) makes RQ build the transaction again. The rebuilt one must
+    still remove the execution and its lease, under the same fence (RQ 2 lets go of the
+    execution on the first attempt)."""
+    from rq_epoch import Worker
+
+    queue = Queue('default', connection=conn)
+    job = queue.enqueue('tests.jobs.add', 2, 3)
+    worker = Worker([queue], connection=conn)
+    scripts.load_all(conn)
+    execution = worker.prepare_execution(job)
+    conn.script_flush()  # what a restart does to the script cache
+    worker.perform_job(job, queue, execution) if _perform_takes_execution() else worker.perform_job(job, queue)
+    assert conn.hget(job.key, 'status') == b'finished'
+    assert conn.zcard(keys.leases_key('default')) == 0
+    assert conn.exists(f'{keys.PREFIX}:execution:{job.id}:{execution.id}') == 0
+    assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
+
+
+def _perform_takes_execution() -> bool:
+    import inspect
+
+    from rq.worker import Worker as StockWorker
+
+    return 'execution' in inspect.signature(StockWorker.perform_job).parameters

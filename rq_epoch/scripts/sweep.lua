@@ -112,7 +112,8 @@ local function drop(member, job_id, exec_id)
   end
 end
 
--- Leave a record that this execution's lease was taken, and by which verdict.
+-- Leave a record that this execution's lease was taken, and by which verdict (for a stock
+-- worker's entry too: an execution that runs without a lease of its own learns from it).
 local function mark_taken(member, verdict)
   redis.call('SET', prefix .. ':epoch:taken:' .. member, verdict, 'EX', taken_ttl)
 end
@@ -194,7 +195,7 @@ local function judge(member, stock)
     end
     if not dry then
       drop(member, job_id, exec_id)
-      if not stock then mark_taken(member, 'exempt') end
+      mark_taken(member, 'exempt')
       requeue(job_key, job_id, origin, 'exempt_recoveries', (tonumber(f[8]) or 0) + 1)
     end
     return record(member, job_id, 'exempt', stalled, max_stalled, epoch, origin)
