@@ -32,10 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoScriptError, WatchError
+from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from . import keys, scripts
-from .errors import OutcomeRefused
+from .errors import OutcomeRefused, ServerOutageError
+from .failover import is_outage
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -148,10 +149,23 @@ def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_e
         if watching:
             raise WatchError('the commit script had to be loaded; the transaction is rebuilt')
     if isinstance(reply, Exception):
+        _raise_outage(reply)
         raise reply
     if int(reply[0]) not in _ALLOWED:
         raise fence.refusal(reply)
+    for command_reply in reply[1:]:
+        # A server that takes no writes now (NOREPLICAS, READONLY, ...) refuses every write
+        # of the script alike: nothing landed, and the whole commit can be sent again.
+        if isinstance(command_reply, Exception):
+            _raise_outage(command_reply)
     return _replies(pipeline, commands, list(reply[1:]), raise_on_error)
+
+
+def _raise_outage(error: BaseException) -> None:
+    """Raise :class:`ServerOutageError` (a connection error the worker rides out) for an
+    error reply that means the server takes no writes now; return for any other."""
+    if is_outage(error):
+        raise ServerOutageError(str(error)) from error
 
 
 def _load(pipeline: Pipeline, script: scripts.ServerScript) -> None:
@@ -202,9 +216,18 @@ def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_er
         try:
             replies = list(original(raise_on_error))
             return replies[:-1] if unleased else replies
-        except WatchError:
+        except WatchError as exc:
+            # redis-py reports a connection error under WATCH as a WatchError; an outage
+            # (the server refused the queued writes) is not a change of the job.
+            reason = exc.__cause__ or exc.__context__
+            if reason is not None:
+                _raise_outage(reason)
             if rq_watching:
                 raise
             pipeline.command_stack[:] = commands
             pipeline.scripts = set(loaded)
+            continue
+        except ResponseError as exc:  # a write refused while queued aborts the transaction
+            _raise_outage(exc)
+            raise
     raise WatchError(f'the job {fence.job_id} kept changing while its outcome was being committed')

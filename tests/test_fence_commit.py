@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rq_epoch import Fence, OutcomeRefused, Queue, keys, scripts
+from rq_epoch import Fence, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError, keys, scripts
 from rq_epoch.fence import arm
 from tests.leases import start_job
 
@@ -191,3 +191,37 @@ def _perform_takes_execution() -> bool:
     from rq.worker import Worker as StockWorker
 
     return 'execution' in inspect.signature(StockWorker.perform_job).parameters
+
+
+@pytest.mark.parametrize(
+    ('with_script', 'dependents'), [(False, 2), (True, 2), (False, 20_000)], ids=['scripted', 'watched', 'long']
+)
+def test_a_commit_the_server_refuses_for_want_of_replicas_is_an_outage_and_lands_once_when_sent_again(
+    server, conn, with_script: bool, dependents: int
+) -> None:
+    """``min-replicas-to-write`` unmet: the server runs the commit script but refuses its writes.
+
+    That must reach the worker as an outage (:class:`ServerOutageError`, which it rides out by
+    sending the commit again), not as a failure of the job; nothing of the outcome lands, and
+    the commit sent again once the server takes writes lands once.
+    """
+    conn = redis.Redis(host='127.0.0.1', port=server.port)  # the fixture emptied the server
+    PrimaryWatch(conn, interval=1).install()  # as the worker's connection has it
+    job, member = start_job(conn, Queue('default', connection=conn), expired=False)
+    fence = _fence(job.id, member)
+    conn.config_set('min-replicas-to-write', 1)  # no replica: every write is refused (NOREPLICAS)
+    try:
+        with pytest.raises(ServerOutageError) as outage:
+            _outcome(conn, fence, with_script=with_script, dependents=dependents)
+        assert isinstance(outage.value, redis.exceptions.ConnectionError)
+        assert 'NOREPLICAS' in str(outage.value)
+    finally:
+        conn.config_set('min-replicas-to-write', 0)
+    assert conn.hget(job.key, 'status') == b'started'
+    assert conn.zscore(keys.leases_key('default'), member) is not None
+    assert conn.exists(f'{keys.PREFIX}:results:{job.id}', 'test:pushed', 'test:dependents') == 0
+    _outcome(conn, fence, with_script=with_script, dependents=dependents)
+    assert conn.hget(job.key, 'status') == b'finished'
+    assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
+    assert conn.hget(job.key, 'stale_outcomes') is None
+    conn.close()
