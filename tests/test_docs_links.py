@@ -71,15 +71,16 @@ def links(page: Path) -> list[tuple[int, str]]:
     return found
 
 
-def broken_links(page: Path) -> list[str]:
-    """The relative links of ``page`` whose file or anchor does not exist."""
+def broken_links(page: Path, root: Path = ROOT) -> list[str]:
+    """The relative links of ``page`` whose file or anchor does not exist (``root``: where
+    the reported paths start)."""
     broken = []
     for number, target in links(page):
         if re.match(r'^[a-z][a-z0-9+.-]*:', target, re.IGNORECASE):  # https:, mailto:, ...
             continue
         path_part, _, anchor = target.partition('#')
         destination = (page.parent / unquote(path_part)).resolve() if path_part else page
-        where = f'{page.relative_to(ROOT)}:{number}: {target}'
+        where = f'{page.relative_to(root)}:{number}: {target}'
         if not destination.exists():
             broken.append(f'{where} (no such file)')
         elif anchor and (destination.suffix != '.md' or unquote(anchor) not in anchors(destination)):
@@ -107,24 +108,14 @@ def test_the_check_finds_a_broken_link(tmp_path: Path) -> None:
         '```\n[in code](nowhere.md)\n```\n'
         '`[in a span](nowhere.md)`\n'
     )
-    assert [entry.split(': ', 1)[1] for entry in broken_links_in(page, tmp_path)] == [
+    assert [entry.split(': ', 1)[1] for entry in broken_links(page, tmp_path)] == [
         'nowhere.md (no such file)',
         'other.md#nope (no such heading)',
         '#nope (no such heading)',
     ]
 
 
-def broken_links_in(page: Path, root: Path) -> list[str]:
-    """:func:`broken_links` for a page outside the repository (the check's own test)."""
-    global ROOT
-    saved, ROOT = ROOT, root
-    try:
-        return broken_links(page)
-    finally:
-        ROOT = saved
-
-
 def test_repeated_headings_get_numbered_anchors(tmp_path: Path) -> None:
     page = tmp_path / 'page.md'
-    page.write_text('# Results\n\n## Results\n\n### RQ\'s own test suite\n')
+    page.write_text("# Results\n\n## Results\n\n### RQ's own test suite\n")
     assert anchors(page) == {'results', 'results-1', 'rqs-own-test-suite'}
