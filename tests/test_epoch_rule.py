@@ -1,4 +1,4 @@
-"""The epoch rule: DESIGN.md's test vectors, in Python and in the server's scripts."""
+"""The epoch rule: the test vectors of docs/design.md, in Python and in the server's scripts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each verdict of the sweep does exactly what DESIGN.md's table says, and nothing else."""
+"""Each verdict of the sweep does exactly what the verdict table of docs/design.md says, and nothing else."""
 
 from __future__ import annotations
 

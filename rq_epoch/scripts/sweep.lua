@@ -27,7 +27,7 @@
 -- write (rq-epoch gives its own entries the score +inf). The latter carry no stamp of
 -- rq-epoch's and are never counted.
 --
--- Verdicts (DESIGN.md):
+-- Verdicts (docs/design.md, "The sweep and its verdicts"):
 --   ghost      job hash gone                      -> entry removed
 --   corrupt    member malformed / job not a hash  -> entry removed, foreign key untouched
 --   settled    job no longer started              -> entry removed, job untouched

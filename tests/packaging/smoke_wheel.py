@@ -170,7 +170,7 @@ def check_artifacts(wheel: Path, sdist: Path | None) -> None:
         sdist_members = {name[len(top) + 1 :] for name in names}
         print(f'sdist {sdist.name}: {len(sdist_members)} entries')
         wanted_sdist = ['LICENSE', 'CHANGELOG.md', 'README.md', 'PKG-INFO', 'setup.cfg', 'pyproject.toml']
-        wanted_sdist += ['tests/conftest.py', 'tests/packaging/smoke_wheel.py', 'rq_epoch/py.typed']
+        wanted_sdist += ['docs/design.md', 'tests/conftest.py', 'tests/packaging/smoke_wheel.py', 'rq_epoch/py.typed']
         wanted_sdist += [f'rq_epoch/scripts/{name}' for name in lua_scripts()]
         missing += [f'(sdist) {name}' for name in wanted_sdist if name not in sdist_members]
     if missing:
