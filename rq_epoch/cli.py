@@ -163,14 +163,8 @@ def _resolve_job_class(name: str) -> type[Job]:
 
 
 def all_queue_names(connection: Redis) -> list[str]:
-    """Every queue RQ knows of (the members of ``rq:queues``), sorted."""
-    prefix = f'{keys.PREFIX}:queue:'
-    names = []
-    for raw in connection.smembers(f'{keys.PREFIX}:queues'):  # type: ignore[union-attr]
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if key.startswith(prefix):
-            names.append(key[len(prefix) :])
-    return sorted(names)
+    """Every queue RQ knows of (the members of RQ's set of queues), sorted."""
+    return keys.queue_names(connection.smembers(keys.queues_key()))  # type: ignore[arg-type]
 
 
 _shared_options = [
@@ -198,7 +192,7 @@ _shared_options = [
         help='Serializer to use. Accepts json, pickle, or a dotted import path.',
     ),
     click.option('--queue', '-q', 'queue_options', multiple=True, metavar='NAME', help='A queue (repeatable).'),
-    click.option('--all', '-a', 'all_queues', is_flag=True, help='Every queue in rq:queues.'),
+    click.option('--all', '-a', 'all_queues', is_flag=True, help=f'Every queue in {keys.queues_key()}.'),
     click.argument('queues', nargs=-1),
 ]
 
@@ -360,7 +354,7 @@ def sweep(
         if not names:
             if cli_config.all_queues:
                 if not quiet and not as_json:
-                    click.echo('No queues in rq:queues: nothing to sweep.')
+                    click.echo(f'No queues in {keys.queues_key()}: nothing to sweep.')
                 if as_json:
                     click.echo(json.dumps(SweepReport(dry_run=dry_run).to_dict() | {'total': 0}))
                 return
@@ -473,7 +467,7 @@ def status(
 ) -> None:
     """Show the server's epoch and, per queue, its leases, stalled jobs and dead letters.
 
-    Without queues, every queue in rq:queues. With --job, one job's history instead:
+    Without queues, every queue in RQ's set of queues. With --job, one job's history instead:
     counted stalls and the epochs they were counted under, exempt recoveries, its lease,
     whether it is a dead letter and whether it was requeued since. Writes nothing.
     """
@@ -536,7 +530,7 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
         pipeline.zcount(keys.wip_key(name), f'({now}', '(+inf')
         pipeline.zrange(keys.leases_key(name), 0, limit - 1)
         pipeline.zrange(keys.wip_key(name), 0, limit - 1)
-        pipeline.lrange(f'{keys.PREFIX}:queue:{name}', 0, limit - 1)
+        pipeline.lrange(keys.queue_key(name), 0, limit - 1)
         pipeline.zrange(keys.failed_key(name), 0, limit - 1)
         pipeline.hgetall(keys.stats_key(name))
         live, stock_live, leases, wip, queued, failed, stats = pipeline.execute()
@@ -759,7 +753,7 @@ def format_job(job: dict[str, Any], current: ServerEpoch) -> list[str]:
 def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, scan_limit: int) -> None:
     """Serve Prometheus metrics at http://HOST:PORT/metrics (needs rq-epoch[prometheus]).
 
-    Without queues, every queue in rq:queues, read afresh at each scrape. A scrape costs
+    Without queues, every queue in RQ's set of queues, read afresh at each scrape. A scrape costs
     a fixed number of round trips whatever the number of queues and jobs, and writes
     nothing. Runs until SIGTERM or Ctrl-C.
     """
@@ -769,7 +763,7 @@ def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, sca
     from .metrics import EpochCollector, serve
 
     _settings(grace=grace)
-    names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read rq:queues at each scrape
+    names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read RQ's set of queues at each scrape
     collector = EpochCollector(cli_config.connection, queues=names, restart_grace=grace, scan_limit=scan_limit)
     try:
         httpd, thread = serve(collector, host, port)
@@ -785,7 +779,7 @@ def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, sca
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     shown = 'http://[{}]:{}/metrics' if ':' in host else 'http://{}:{}/metrics'
-    watched = ', '.join(names) if names else 'every queue in rq:queues'
+    watched = ', '.join(names) if names else f'every queue in {keys.queues_key()}'
     click.echo(f'rq-epoch exporter: serving {shown.format(host, httpd.server_port)} ({watched})')
     sys.stdout.flush()
     handler = logging.StreamHandler(sys.stderr)

@@ -901,12 +901,11 @@ class Demo:
         with suppress(redis.exceptions.RedisError):
             for key in conn.scan_iter(match=f'*{self.prefix}*', count=1000):
                 conn.delete(key)
-            prefix = keys.PREFIX
             for story in self.stories:
-                conn.srem(f'{prefix}:queues', f'{prefix}:queue:{story.queue_name}')
-            for raw in conn.smembers(f'{prefix}:workers'):  # type: ignore[union-attr]
+                conn.srem(keys.queues_key(), keys.queue_key(story.queue_name))
+            for raw in conn.smembers(keys.workers_key()):  # type: ignore[union-attr]
                 if self.prefix in _text(raw):
-                    conn.srem(f'{prefix}:workers', raw)
+                    conn.srem(keys.workers_key(), raw)
             for member in conn.zrange(keys.finishing_key(), 0, -1):  # type: ignore[union-attr]
                 if self.prefix in _text(member):
                     conn.zrem(keys.finishing_key(), _text(member))

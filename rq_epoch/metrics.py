@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -144,16 +144,6 @@ class MetricsSnapshot:
         return max(0, self.grace - self.age)
 
 
-def _queue_names(raw: Iterable[Any]) -> list[str]:
-    prefix = f'{keys.PREFIX}:queue:'
-    names = []
-    for member in raw:
-        key = _text(member) or ''
-        if key.startswith(prefix):
-            names.append(key[len(prefix) :])
-    return sorted(names)
-
-
 def read_snapshot(
     connection: Redis,
     *,
@@ -179,14 +169,14 @@ def read_snapshot(
         pipeline.info('replication')
         pipeline.hgetall(keys.primaries_key())
         if not queues:
-            pipeline.smembers(f'{keys.PREFIX}:queues')
+            pipeline.smembers(keys.queues_key())
         head = pipeline.execute()
     seconds, micros = head[0]
     now = float(seconds) + float(micros) / 1e6
     state = primary_state(current, head[1], head[2], now)
     current = replace(current, role=state.role)
     age = epoch_age(state)
-    names = list(dict.fromkeys(queues)) if queues else _queue_names(head[3])
+    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(head[3])
     snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
     if not names:
         return snapshot
@@ -195,7 +185,7 @@ def read_snapshot(
     with connection.pipeline(transaction=False) as pipeline:
         for name in names:
             leases, wip = keys.leases_key(name), keys.wip_key(name)
-            queue_key, failed = f'{keys.PREFIX}:queue:{name}', keys.failed_key(name)
+            queue_key, failed = keys.queue_key(name), keys.failed_key(name)
             pipeline.hgetall(keys.stats_key(name))
             pipeline.zcard(leases)
             pipeline.zcount(leases, '-inf', now)

@@ -575,7 +575,7 @@ class Sweeper:
         with self.connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
                 pipe.hget(keys.job_key(job_id), 'stall_epochs')
-                pipe.exists(f'{keys.PREFIX}:job:{job_id}:dependents')
+                pipe.exists(keys.job_dependents_key(job_id))
             extra = pipe.execute()
         ready: list[tuple[str, Job, str]] = []
         moot = []
