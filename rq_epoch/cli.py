@@ -30,6 +30,7 @@ from rq.serializers import resolve_serializer
 from rq.utils import import_attribute
 
 from . import __version__, keys
+from .compat import text
 from .errors import ConfigurationError, RqEpochError
 from .job import Job, stalled_count
 from .jobclass import epoch_job_class
@@ -510,12 +511,6 @@ def status(
         click.echo(line)
 
 
-def _text(raw: Any) -> str:
-    if raw is None:
-        return ''
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
-
-
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -536,10 +531,10 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
         live, stock_live, leases, wip, queued, failed, stats = pipeline.execute()
     job_ids: dict[str, None] = {}
     for member in [*leases, *wip]:
-        job_ids[_text(member).split(':', 1)[0]] = None
+        job_ids[text(member).split(':', 1)[0]] = None
     for job_id in [*queued, *failed]:
-        job_ids[_text(job_id)] = None
-    failed_ids = {_text(x) for x in failed}
+        job_ids[text(job_id)] = None
+    failed_ids = {text(x) for x in failed}
     stalled_jobs = []
     dead_letters = []
     for chunk in _chunks(list(job_ids), _CHUNK):
@@ -549,15 +544,15 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
             rows = pipeline.execute()
         for job_id, (stalled, own_max, job_status, stall_dead) in zip(chunk, rows, strict=True):
             count = stalled_count(stalled, job_status, stall_dead)
-            budget = int(_text(own_max)) if _text(own_max).isdigit() else settings.max_stalled
-            if _text(stall_dead) == '1' and job_id in failed_ids:
+            budget = int(text(own_max)) if text(own_max).isdigit() else settings.max_stalled
+            if text(stall_dead) == '1' and job_id in failed_ids:
                 dead_letters.append(job_id)
             if count > 0:
                 stalled_jobs.append(
-                    {'job_id': job_id, 'stalled': count, 'max_stalled': budget, 'status': _text(job_status)}
+                    {'job_id': job_id, 'stalled': count, 'max_stalled': budget, 'status': text(job_status)}
                 )
     expired = preview.counts(name)
-    counters = {_text(k): _text(v) for k, v in sorted(stats.items())}
+    counters = {text(k): text(v) for k, v in sorted(stats.items())}
     last_sweep = float(counters['last_sweep']) if counters.get('last_sweep') else None
     return {
         'live_leases': int(live),
@@ -651,8 +646,8 @@ def format_status(
             lines.append(f'    ... and {len(dead) - 10} more (see --json)')
         counters = q['counters']
         if counters:
-            text = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
-            lines.append(f'  sweep counters    {text or "none"}')
+            shown = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
+            lines.append(f'  sweep counters    {shown or "none"}')
         refused = counters.get('refused', 0)
         lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
         since = q['seconds_since_last_sweep']

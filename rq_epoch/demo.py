@@ -44,6 +44,7 @@ from rq.registry import StartedJobRegistry as RQStartedJobRegistry
 
 from . import keys
 from ._demo_jobs import DEMO_MARKER, STOCK_MARGIN_ENV
+from .compat import text as _text
 from .errors import RqEpochError
 from .job import Job
 from .queue import Queue
@@ -73,12 +74,6 @@ class DemoError(RqEpochError):
 
 def _short(run_id: str | None) -> str:
     return (run_id or '(none)')[:8]
-
-
-def _text(raw: Any) -> str:
-    if raw is None:
-        return ''
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
 
 
 # -- processes -----------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions
 
 from . import epoch, keys
+from .compat import optional_text, text
 from .errors import RqEpochError
 from .job import stalled_count
 from .settings import EpochSettings
@@ -89,15 +90,9 @@ def epoch_age(state: PrimaryState) -> int:
     return int(state.age) if state.is_primary else 0
 
 
-def _text(raw: Any) -> str | None:
-    if raw is None:
-        return None
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
-
-
 def _number(raw: Any) -> float:
     try:
-        return float(_text(raw) or 0)
+        return float(optional_text(raw) or 0)
     except ValueError:
         return 0.0
 
@@ -204,16 +199,18 @@ def read_snapshot(
             index * per_queue : (index + 1) * per_queue
         ]
         q = QueueMetrics(name=name)
-        counters = {_text(k) or '': v for k, v in stats.items()}
+        counters = {optional_text(k) or '': v for k, v in stats.items()}
         q.verdicts = {verdict: int(_number(counters.get(verdict))) for verdict in SWEPT_VERDICTS}
         q.last_sweep = _number(counters.get('last_sweep'))
         q.refused = int(_number(counters.get('refused')))
         q.leases['live'] = int(n_leases) - int(n_expired)
         q.stock_leases = int(n_stock)
         q.truncated = int(n_leases) > limit or int(n_queued) > limit or int(n_failed) > limit
-        lease_entries = [(_MEMBER_RE.fullmatch(_text(member) or ''), float(score)) for member, score in lease_rows]
-        queued_ids = [_text(x) or '' for x in queued]
-        failed_ids = [_text(x) or '' for x in failed]
+        lease_entries = [
+            (_MEMBER_RE.fullmatch(text(member)), float(score)) for member, score in lease_rows
+        ]
+        queued_ids = [text(x) for x in queued]
+        failed_ids = [text(x) for x in failed]
         for match, _ in lease_entries:
             if match:
                 job_ids[match.group(1)] = None
@@ -231,7 +228,7 @@ def read_snapshot(
         for job_id, row in zip(ids, rows, strict=True):
             if isinstance(row, Exception) or row[0] is None:  # not a hash, or gone
                 continue
-            jobs[job_id] = tuple(_text(value) for value in row)
+            jobs[job_id] = tuple(optional_text(value) for value in row)
 
     for q, lease_entries, queued_ids, failed_ids in seen:
         stalled: set[str] = set()

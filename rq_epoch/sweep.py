@@ -19,7 +19,8 @@ from rq.serializers import resolve_serializer
 from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 from rq.utils import now
 
-from . import epoch, keys, scripts
+from . import compat, epoch, keys, scripts
+from .compat import text
 from .errors import EpochUnavailableError, StalledJobError
 from .job import Job
 from .jobclass import epoch_job_class
@@ -166,11 +167,11 @@ def primary_state(current: ServerEpoch, info: dict[str, Any], entries: dict[Any,
             if value.get('state') == 'online' and int(value.get('lag', 0) or 0) <= REPLICA_MAX_LAG:
                 online += 1
     field_name = f'{current.run_id}:{info.get("master_replid", "")}'
-    entry = next((value for name, value in entries.items() if _text(name) == field_name), None)
+    entry = next((value for name, value in entries.items() if text(name) == field_name), None)
     first, expected = 0.0, 0
     if entry:
         try:
-            first_text, expected_text = _text(entry).split(' ', 1)
+            first_text, expected_text = text(entry).split(' ', 1)
             first, expected = float(first_text), int(expected_text)
         except ValueError:
             first, expected = 0.0, 0
@@ -256,10 +257,6 @@ class SweepReport:
             'primary': None if self.primary is None else {**asdict(self.primary), 'state': self.primary.state},
             'unconfirmed': self.unconfirmed,
         }
-
-
-def _text(value: Any) -> str:
-    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
 
 
 class Sweeper:
@@ -449,12 +446,12 @@ class Sweeper:
                 keys.TAKEN_RECORD_TTL,
             ],
         )
-        run_id = _text(result[0])
+        run_id = text(result[0])
         self._last_run_id, self._last_uptime = run_id, int(result[1])
         more = int(result[3]) == 1
         count = int(result[4])
         rows = result[5 : 5 + 7 * count]
-        tail = [_text(x) for x in result[5 + 7 * count : 5 + 7 * count + 5]]
+        tail = [text(x) for x in result[5 + 7 * count : 5 + 7 * count + 5]]
         if len(tail) == 5:
             self._last_primary = PrimaryState(
                 role=tail[0],
@@ -466,7 +463,7 @@ class Sweeper:
         verdicts = []
         for i in range(count):
             member, job_id, verdict, stalled, max_stalled, lease_epoch, _origin = (
-                _text(x) for x in rows[i * 7 : i * 7 + 7]
+                text(x) for x in rows[i * 7 : i * 7 + 7]
             )
             verdicts.append(
                 LeaseVerdict(
@@ -510,7 +507,7 @@ class Sweeper:
             )
             if not claimed:
                 break
-            done.extend(self.finish_many([_text(raw) for raw in claimed]))
+            done.extend(self.finish_many([text(raw) for raw in claimed]))
         if report is not None:
             report.finished.extend(done)
         return done
@@ -522,7 +519,7 @@ class Sweeper:
         """
         if epochs is None:
             epochs = self.connection.hget(job.key, 'stall_epochs')
-        epoch_list = _text(epochs).split(',') if epochs else [job.lease_epoch or '']
+        epoch_list = text(epochs).split(',') if epochs else [job.lease_epoch or '']
         unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
         return (
             f'{StalledJobError.__name__}: job stalled {job.stalled} time(s) (max_stalled {max_stalled}): '
@@ -640,12 +637,7 @@ class Sweeper:
 
     def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
         try:
-            try:
-                from rq.callbacks import execute_failure_callback  # RQ 3
-            except ImportError:  # RQ 2.x
-                cast(Any, job).execute_failure_callback(self.death_penalty_class, StalledJobError, error, None)
-            else:
-                execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
+            compat.execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
         except Exception:
             logger.exception('sweep: on_failure callback of job %s raised', job.id)
 
@@ -653,8 +645,7 @@ class Sweeper:
     def _queue_failure(pipeline: Any, job: Job, member: str, reason: str) -> None:
         """Queue RQ's failure bookkeeping (status, registry, Result) and drop the finishing entry."""
         job.ended_at = now()
-        job.set_status(JobStatus.FAILED, pipeline=pipeline)
-        job._handle_failure(reason, pipeline)
+        compat.record_job_failure(job, reason, pipeline)
         pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
         pipeline.zrem(keys.finishing_key(), member)
 
@@ -676,14 +667,9 @@ class Sweeper:
 
     def _after_failure(self, job: Job, reason: str) -> None:
         try:
-            from rq.rate_limit import release_slot  # RQ 3
-        except ImportError:
-            pass
-        else:
-            try:
-                release_slot(job)
-            except Exception:
-                logger.exception('sweep: could not release the rate-limit slot of job %s', job.id)
+            compat.release_rate_limit_slot(job)
+        except Exception:
+            logger.exception('sweep: could not release the rate-limit slot of job %s', job.id)
         send = getattr(job, 'send_webhooks', None)
         if send is not None:
             try:

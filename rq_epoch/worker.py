@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import threading
@@ -14,12 +13,12 @@ import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
-from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
 from rq.utils import import_attribute, now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
-from . import keys, scripts
+from . import compat, keys, scripts
+from .compat import text
 from .errors import OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
 from .fence import Fence, arm
@@ -35,31 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ['Worker']
 
-_rate_limit_registry: Any = None
-try:  # RQ 3: dependents moved to "ready" whose push onto the queue was interrupted
-    from rq.rate_limit import RateLimitRegistry as _rate_limit_registry
-    from rq.registry import ReadyJobRegistry
-
-    _MAINTAINED_REGISTRIES: tuple[Any, ...] = (
-        FinishedJobRegistry,
-        FailedJobRegistry,
-        DeferredJobRegistry,
-        ReadyJobRegistry,
-    )
-except ImportError:  # RQ 2.x enqueues dependents inside the parent's own transaction
-    _MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
-
-#: RQ 3's get_heartbeat_ttl takes the job's working time; RQ 2's does not.
-_TTL_TAKES_WORKING_TIME = 'working_time' in inspect.signature(RQWorker.get_heartbeat_ttl).parameters
-
-#: RQ 3's cleanup_execution is told the execution; RQ 2's uses the worker's current one.
-_CLEANUP_TAKES_EXECUTION = 'execution' in inspect.signature(RQWorker.cleanup_execution).parameters
-
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _worker_job_class(worker_class: type, requested: Any) -> type[Job]:
@@ -338,7 +313,7 @@ class Worker(RQWorker):
         """
         connection = connection if connection is not None else self.connection
         worker_ttl = self.job_monitoring_interval + 60
-        if _TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
+        if compat.HEARTBEAT_TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
             working_time = (now() - job.started_at).total_seconds() if job.started_at else 0.0
             ttl = int(self.get_heartbeat_ttl(job, working_time=working_time))
         else:
@@ -374,14 +349,13 @@ class Worker(RQWorker):
                 pipeline.execute()
         assert extend_result is not None
         extended = bool(int(extend_result[0]))
-        return extended, _text(extend_result[1]), _text(extend_result[3])
+        return extended, text(extend_result[1]), text(extend_result[3])
 
     def _server_unreachable(self, exc: Exception) -> None:
         if self._server_lost_at is None:
             self._server_lost_at = time.monotonic()
             self.log.warning(
-                'Worker %s: server unreachable (%s); keeping the work-horse running and retrying '
-                '(last epoch %s)',
+                'Worker %s: server unreachable (%s); keeping the work-horse running and retrying (last epoch %s)',
                 self.name,
                 exc,
                 self._known_run_id,
@@ -438,7 +412,7 @@ class Worker(RQWorker):
             # go of the execution the first time round. The pipeline remembers it.
             execution = pipeline.__dict__.get('_rq_epoch_execution')
             if execution is not None and execution.job_id == job.id:
-                if _CLEANUP_TAKES_EXECUTION:
+                if compat.CLEANUP_TAKES_EXECUTION:
                     kwargs['execution'] = execution
                 else:
                     self.execution = execution
@@ -683,12 +657,12 @@ class Worker(RQWorker):
         for queue in self.queues:
             if queue.acquire_maintenance_lock():
                 self.log.info('Worker %s: cleaning registries for queue: %s', self.name, queue.name)
-                for registry_class in _MAINTAINED_REGISTRIES:
+                for registry_class in compat.MAINTAINED_REGISTRIES:
                     registry_class(
                         queue.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer
                     ).cleanup()
-                if _rate_limit_registry is not None:
-                    for rate_limit_registry in _rate_limit_registry.all(self.connection):
+                if compat.RateLimitRegistry is not None:
+                    for rate_limit_registry in compat.RateLimitRegistry.all(self.connection):
                         rate_limit_registry.cleanup()
                 clean_worker_registry(queue)
                 queue.release_maintenance_lock()
