@@ -38,7 +38,6 @@ from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
 from .settings import EpochSettings
 from .sweep import (
-    VERDICTS,
     LeaseVerdict,
     PrimaryState,
     ServerEpoch,
@@ -47,6 +46,7 @@ from .sweep import (
     read_epoch,
     read_primary_state,
 )
+from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -367,7 +367,7 @@ def sweep(
             serializer=cli_config.serializer,
         )
         report = _run_sweep(sweeper, names, dry_run=dry_run, show_progress=not quiet)
-    dead = [v for v in report.verdicts if v.verdict == 'dead']
+    dead = [v for v in report.verdicts if v.verdict is Verdict.DEAD]
     if not report.judged and report.primary is not None:
         # Shown even with --quiet: a cron sweep pointed at a replica would otherwise do nothing, silently.
         click.echo(f'rq-epoch sweep: nothing judged: {format_primary(report.primary)}', err=True)
@@ -396,17 +396,6 @@ def _run_sweep(sweeper: Sweeper, names: list[str], *, dry_run: bool, show_progre
         return sweeper.sweep(names, dry_run=dry_run, progress=update)
 
 
-_VERDICT_WORDS = {
-    'ghost': 'ghost (job gone)',
-    'corrupt': 'corrupt',
-    'settled': 'settled (job no longer started)',
-    'exempt': 'exempt (crossed a restart, not counted)',
-    'recovered': 'recovered (counted stall, requeued)',
-    'dead': 'dead (dead-lettered)',
-    'deferred': 'deferred (restart grace)',
-}
-
-
 def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool = False) -> list[str]:
     """The human summary of a sweep: a header, a line per queue with its verdict counts, dead letters."""
     judged = report.total
@@ -419,16 +408,16 @@ def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool 
     width = max((len(name) for name in report.queues), default=0)
     for name in report.queues:
         counts = report.counts(name)
-        parts = [f'{counts[v]} {v}' for v in VERDICTS if counts[v]]
+        parts = [f'{counts[v]} {v}' for v in Verdict if counts[v]]
         lines.append(f'  {name:<{width}}  {", ".join(parts) if parts else "nothing expired"}')
     if verbose:
         for v in report.verdicts:
             lines.append('  ' + format_verdict(v))
     for v in report.verdicts:
-        if v.verdict == 'dead':
+        if v.verdict is Verdict.DEAD:
             verb = 'would be dead-lettered' if report.dry_run else 'dead-lettered to FailedJobRegistry'
             lines.append(f'  dead letter: job {v.job_id} (queue {v.queue}) stalled {v.stalled}/{v.max_stalled}: {verb}')
-    deferred = report.counts()['deferred']
+    deferred = report.counts()[Verdict.DEFERRED]
     if deferred:
         age = int(report.primary.age) if report.primary is not None else report.uptime
         lines.append(
@@ -441,7 +430,7 @@ def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool 
 def format_verdict(v: LeaseVerdict) -> str:
     """One expired lease and its verdict, on one line."""
     return (
-        f'{v.queue} job {v.job_id or "-"} {_VERDICT_WORDS.get(v.verdict, v.verdict)} '
+        f'{v.queue} job {v.job_id or "-"} {v.verdict.wording} '
         f'stalled {v.stalled}/{v.max_stalled} lease_epoch {v.lease_epoch or "(none)"}'
     )
 
@@ -559,8 +548,8 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
         'stock_live_leases': int(stock_live),
         'expired_leases': sum(expired.values()),
         'expired': expired,
-        'would_be_exempt': expired['exempt'] + expired['deferred'],
-        'would_be_counted': expired['recovered'] + expired['dead'],
+        'would_be_exempt': sum(n for v, n in expired.items() if Verdict(v).uncounted),
+        'would_be_counted': sum(n for v, n in expired.items() if Verdict(v).counted),
         'stalled_jobs': stalled_jobs,
         'dead_letters': dead_letters,
         'counters': {k: int(v) for k, v in counters.items() if v.isdigit()},
@@ -627,7 +616,7 @@ def format_status(
             live += f' (+{q["stock_live_leases"]} held by stock RQ workers)'
         lines.append(f'  live leases       {live}')
         exp = q['expired']
-        detail = ', '.join(f'{exp[v]} {v}' for v in VERDICTS if exp[v])
+        detail = ', '.join(f'{exp[v]} {v}' for v in Verdict if exp[v])
         waiting = f'{q["expired_leases"]}'
         if q['expired_leases']:
             waiting += f' ({q["would_be_exempt"]} would be exempt, {q["would_be_counted"]} counted; {detail})'
@@ -646,7 +635,7 @@ def format_status(
             lines.append(f'    ... and {len(dead) - 10} more (see --json)')
         counters = q['counters']
         if counters:
-            shown = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
+            shown = ', '.join(f'{counters[v]} {v}' for v in Verdict if counters.get(v))
             lines.append(f'  sweep counters    {shown or "none"}')
         refused = counters.get('refused', 0)
         lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')

@@ -50,6 +50,7 @@ from .job import Job
 from .queue import Queue
 from .settings import EpochSettings
 from .sweep import LeaseVerdict, Sweeper, read_epoch
+from .verdicts import Verdict
 
 __all__ = ['DemoError', 'run_demo']
 
@@ -451,7 +452,7 @@ class Story:
     def tell_verdict(self, v: LeaseVerdict) -> None:
         job = self.job_for(v.job_id)
         tag = job.tag if job else v.job_id
-        if v.verdict == 'deferred':
+        if v.verdict is Verdict.DEFERRED:
             if job and not job.deferred_told:
                 job.deferred_told = True
                 self.say(
@@ -462,20 +463,20 @@ class Story:
             return
         if job:
             job.verdicts.append(v.verdict)
-            if v.verdict in ('exempt', 'recovered'):
+            if v.verdict in (Verdict.EXEMPT, Verdict.RECOVERED):
                 job.status = 'queued'
                 job.lease_epoch = ''
-        if v.verdict == 'recovered':
+        if v.verdict is Verdict.RECOVERED:
             self.say(
                 f'sweep: {tag}: lease expired under the same server process ({_short(v.run_id)}) -> a real stall: '
                 f'counted {v.stalled}/{v.max_stalled}, requeued at the front'
             )
-        elif v.verdict == 'dead':
+        elif v.verdict is Verdict.DEAD:
             self.say(
                 f'sweep: {tag}: lease expired under the same server process ({_short(v.run_id)}) -> stall '
                 f'{v.stalled}/{v.max_stalled}: dead-lettered to FailedJobRegistry'
             )
-        elif v.verdict == 'exempt':
+        elif v.verdict is Verdict.EXEMPT:
             self.say(
                 f'sweep: {tag}: lease stamped by the previous server process ({_short(v.lease_epoch)}, now '
                 f'{_short(v.run_id)}) -> exempt: requeued, not counted (stalls {v.stalled}/{v.max_stalled})'

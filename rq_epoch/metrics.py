@@ -39,6 +39,7 @@ from .errors import RqEpochError
 from .job import stalled_count
 from .settings import EpochSettings
 from .sweep import PrimaryState, ServerEpoch, primary_state, read_epoch
+from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -70,7 +71,7 @@ DEFAULT_SCAN_LIMIT = 1000
 #: Round trips of one scrape (fewer when there are no queues or no jobs to read).
 ROUND_TRIPS = 4
 #: Verdicts the sweep counts in ``<prefix>:epoch:stats:<queue>`` (deferred leases are not counted).
-SWEPT_VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead')
+SWEPT_VERDICTS = tuple(v.value for v in Verdict if v.judged)
 #: States of ``rq_epoch_leases``.
 LEASE_STATES = ('live', 'expired-counted', 'expired-uncounted', 'deferred', 'expired-stale')
 
@@ -206,9 +207,7 @@ def read_snapshot(
         q.leases['live'] = int(n_leases) - int(n_expired)
         q.stock_leases = int(n_stock)
         q.truncated = int(n_leases) > limit or int(n_queued) > limit or int(n_failed) > limit
-        lease_entries = [
-            (_MEMBER_RE.fullmatch(text(member)), float(score)) for member, score in lease_rows
-        ]
+        lease_entries = [(_MEMBER_RE.fullmatch(text(member)), float(score)) for member, score in lease_rows]
         queued_ids = [text(x) for x in queued]
         failed_ids = [text(x) for x in failed]
         for match, _ in lease_entries:

@@ -26,12 +26,12 @@ from .job import Job
 from .jobclass import epoch_job_class
 from .queue import Queue
 from .settings import EpochSettings
+from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
 
 __all__ = [
-    'VERDICTS',
     'LeaseVerdict',
     'PrimaryState',
     'ServerEpoch',
@@ -42,19 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger('rq_epoch')
-
-#: Every verdict the sweep gives, in the order reports list them.
-VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead', 'deferred')
-
-_LOG_LEVELS = {
-    'ghost': logging.INFO,
-    'corrupt': logging.WARNING,
-    'settled': logging.INFO,
-    'exempt': logging.INFO,
-    'recovered': logging.WARNING,
-    'dead': logging.ERROR,
-    'deferred': logging.DEBUG,
-}
 
 
 @dataclass(frozen=True)
@@ -187,7 +174,7 @@ class LeaseVerdict:
     queue: str
     member: str
     job_id: str
-    verdict: str
+    verdict: Verdict
     stalled: int
     max_stalled: int
     lease_epoch: str
@@ -196,7 +183,7 @@ class LeaseVerdict:
     @property
     def counted(self) -> bool:
         """True when this verdict counted a stall (recovered or dead)."""
-        return self.verdict in ('recovered', 'dead')
+        return self.verdict.counted
 
 
 @dataclass
@@ -220,12 +207,12 @@ class SweepReport:
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of leases per verdict (every verdict listed, zeros included)."""
         counter = Counter(v.verdict for v in self.verdicts if queue is None or v.queue == queue)
-        return {name: counter.get(name, 0) for name in VERDICTS}
+        return {verdict.value: counter.get(verdict, 0) for verdict in Verdict}
 
     @property
     def total(self) -> int:
         """Leases given a verdict (deferred ones excluded)."""
-        return sum(1 for v in self.verdicts if v.verdict != 'deferred')
+        return sum(1 for v in self.verdicts if v.verdict.judged)
 
     def by_job(self, job_id: str) -> list[LeaseVerdict]:
         return [v for v in self.verdicts if v.job_id == job_id]
@@ -378,13 +365,13 @@ class Sweeper:
             report.run_id, report.uptime = self._last_run_id, self._last_uptime
             report.primary = self._last_primary
             report.verdicts.extend(verdicts)
-            judged = sum(1 for v in verdicts if v.verdict != 'deferred')
+            judged = sum(1 for v in verdicts if v.verdict.judged)
             if progress is not None and verdicts:
                 progress(len(verdicts))
             for verdict in verdicts:
                 if not dry_run:
                     self.log_verdict(verdict)
-            if any(v.verdict == 'dead' for v in verdicts) and not dry_run:
+            if any(v.verdict is Verdict.DEAD for v in verdicts) and not dry_run:
                 self.before_finish(verdicts)
             if not more or (not dry_run and judged == 0):
                 break
@@ -470,7 +457,7 @@ class Sweeper:
                     queue=name,
                     member=member,
                     job_id=job_id,
-                    verdict=verdict,
+                    verdict=Verdict(verdict),
                     stalled=int(stalled),
                     max_stalled=int(max_stalled),
                     lease_epoch=lease_epoch,
@@ -482,7 +469,7 @@ class Sweeper:
     def log_verdict(self, verdict: LeaseVerdict) -> None:
         """Log one line per verdict on the ``rq_epoch`` logger."""
         logger.log(
-            _LOG_LEVELS.get(verdict.verdict, logging.INFO),
+            verdict.verdict.level,
             'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s',
             verdict.job_id or '-',
             verdict.queue,
