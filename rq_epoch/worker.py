@@ -6,8 +6,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from rq.executions import Execution
 
 __all__ = ['Worker']
+
+T = TypeVar('T')
 
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -263,15 +266,7 @@ class Worker(RQWorker):
         the worker keeps heartbeating and stops this horse if a sweep takes the lease.
         """
         give_up = time.monotonic() + self.outcome_retry_limit
-        delay = 0.1
-        while True:
-            try:
-                return super().prepare_job_execution(job, *args, **kwargs)
-            except _CONNECTION_ERRORS:
-                if time.monotonic() + delay > give_up:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
+        self.with_backoff(lambda: super(Worker, self).prepare_job_execution(job, *args, **kwargs), give_up)
 
     def maintain_heartbeats(self, job: Any, execution: Execution | None = None) -> None:
         """Heartbeat the worker, the execution and the job, and extend the stamped lease.
@@ -287,17 +282,12 @@ class Worker(RQWorker):
             return
         adopt(job)
         deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
-        delay = 0.1
-        while True:
-            try:
-                extended, run_id, taken = self._heartbeat_lease(job, execution)
-                break
-            except _CONNECTION_ERRORS as exc:
-                self._server_unreachable(exc)
-                if time.monotonic() + delay > deadline:
-                    return
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
+        try:
+            extended, run_id, taken = self.with_backoff(
+                lambda: self._heartbeat_lease(job, execution), deadline, lambda exc, _: self._server_unreachable(exc)
+            )
+        except _CONNECTION_ERRORS:
+            return  # the next heartbeat goes on trying
         self._server_reachable(run_id)
         if not extended and taken:
             # A sweep took this execution's lease (its record names this execution). A
@@ -347,7 +337,11 @@ class Worker(RQWorker):
                 pipeline.expire(self.key, worker_ttl)
             if len(pipeline):
                 pipeline.execute()
-        assert extend_result is not None
+        if extend_result is None:
+            raise RqEpochError(
+                f'the heartbeat of job {job.id} carried no lease extension: its registry is not '
+                "rq-epoch's StartedJobRegistry (a job class without the epoch behaviour?)"
+            )
         extended = bool(int(extend_result[0]))
         return extended, text(extend_result[1]), text(extend_result[3])
 
@@ -455,41 +449,37 @@ class Worker(RQWorker):
         """
         adopt(job)
         give_up = time.monotonic() + self.outcome_retry_limit
-        delay = 0.1
-        attempt = 0
+        failures = 0
+
+        def unreachable(exc: Exception, attempt: int) -> None:
+            nonlocal failures
+            failures = attempt + 1
+            if attempt == 0:
+                self.log.warning(
+                    'Worker %s: server unreachable while recording the %s of job %s (%s); retrying',
+                    self.name,
+                    what,
+                    job.id,
+                    exc,
+                )
+
         self._follow_primary()
-        while True:
-            try:
-                write()
-                if attempt:
-                    self.log.warning(
-                        'Worker %s: server back; %s of job %s recorded after %d attempt(s)',
-                        self.name,
-                        what,
-                        job.id,
-                        attempt + 1,
-                    )
-                return
-            except OutcomeRefused as refusal:
-                if attempt and refusal.reason == 'gone':
-                    self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-                else:
-                    self.outcome_refused(job, what, refusal)
-                return
-            except _CONNECTION_ERRORS as exc:
-                if attempt == 0:
-                    self.log.warning(
-                        'Worker %s: server unreachable while recording the %s of job %s (%s); retrying',
-                        self.name,
-                        what,
-                        job.id,
-                        exc,
-                    )
-                attempt += 1
-                if time.monotonic() + delay > give_up:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
+        try:
+            self.with_backoff(write, give_up, unreachable)
+        except OutcomeRefused as refusal:
+            if failures and refusal.reason == 'gone':
+                self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
+            else:
+                self.outcome_refused(job, what, refusal)
+            return
+        if failures:
+            self.log.warning(
+                'Worker %s: server back; %s of job %s recorded after %d attempt(s)',
+                self.name,
+                what,
+                job.id,
+                failures + 1,
+            )
 
     def outcome_refused(self, job: Any, what: str, refusal: OutcomeRefused) -> None:
         """Report an outcome the fence refused: one WARNING line (the server counted it)."""
@@ -510,6 +500,31 @@ class Worker(RQWorker):
 
     def _max_backoff(self) -> float:
         return float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval)))
+
+    def with_backoff(
+        self,
+        call: Callable[[], T],
+        give_up: float,
+        on_error: Callable[[Exception, int], None] | None = None,
+    ) -> T:
+        """Return ``call()``, tried again on a connection error until the monotonic time ``give_up``.
+
+        Waits 0.1 s after the first failure, doubling up to one heartbeat interval (at most
+        RQ's ``max_connection_wait_time``). ``on_error`` is told each failure and its
+        attempt number (from 0). The last connection error is raised when the next wait would
+        end past ``give_up``; any other exception is raised at once.
+        """
+        delay, attempt = 0.1, 0
+        while True:
+            try:
+                return call()
+            except _CONNECTION_ERRORS as exc:
+                if on_error is not None:
+                    on_error(exc, attempt)
+                if time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+                delay, attempt = min(delay * 2, self._max_backoff()), attempt + 1
 
     def monitor_work_horse(self, job: Any, queue: Any, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
@@ -653,7 +668,22 @@ class Worker(RQWorker):
             self._server_unreachable(exc)
 
     def clean_registries(self) -> None:
-        """RQ's registry maintenance, with the epoch-aware sweep for started jobs."""
+        """RQ's registry maintenance, with the epoch-aware sweep for started jobs.
+
+        Where it deliberately differs from RQ's ``Worker.clean_registries`` (and
+        ``rq.registry.clean_registries``):
+
+        * RQ's ``StartedJobRegistry.cleanup`` is not called: it would fail every expired
+          execution as abandoned. :meth:`sweep` judges them instead, over all this worker's
+          queues, outside the maintenance lock (each lease gets exactly one verdict however
+          many sweeps run).
+        * RQ's ``IntermediateQueue.cleanup`` is not called: it fails a job left in the
+          intermediate list for a minute by the worker's clock. The sweep script rescues such
+          jobs by the server's clock after one lease length, requeueing them.
+        * The other registries (finished, failed, deferred, RQ 3's ready and rate-limit
+          ones, see :data:`rq_epoch.compat.MAINTAINED_REGISTRIES`) and the worker registry
+          are cleaned as RQ does, under RQ's per-queue maintenance lock.
+        """
         for queue in self.queues:
             if queue.acquire_maintenance_lock():
                 self.log.info('Worker %s: cleaning registries for queue: %s', self.name, queue.name)
