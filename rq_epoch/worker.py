@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -31,7 +31,10 @@ from .sweep import Sweeper, SweepReport, read_epoch
 from .take import Taker
 
 if TYPE_CHECKING:
+    from redis import Redis
+    from redis.client import Pipeline, PubSub, PubSubWorkerThread
     from rq.executions import Execution
+    from rq.queue import Queue as RQQueue
 
 __all__ = ['Worker']
 
@@ -40,14 +43,14 @@ T = TypeVar('T')
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
-def _worker_job_class(worker_class: type, requested: Any) -> type[Job]:
+def _worker_job_class(worker_class: type, requested: type[RQJob] | str | None) -> type[Job]:
     """The epoch variant of the job class asked for, else of the worker class's ``job_class``.
 
     RQ's own Job (what the rq CLI passes when ``--job-class`` is not given) counts as not
     asked for, so a subclass's ``job_class = MyJob`` is respected under the CLI too.
     """
     if isinstance(requested, str):
-        requested = import_attribute(requested)
+        requested = cast(type[RQJob], import_attribute(requested))  # epoch_job_class checks it is one
     if requested is None or requested is RQJob:
         requested = getattr(worker_class, 'job_class', None)
     return epoch_job_class(requested)
@@ -183,7 +186,7 @@ class Worker(RQWorker):
         if self.primary_watch is not None:
             self.primary_watch.refresh()
 
-    def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
+    def _pubsub_exception_handler(self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread) -> None:
         """RQ's handler, quiet and quick when the connection was closed to follow a new primary."""
         watch = self.primary_watch
         if isinstance(exc, redis.exceptions.ConnectionError) and watch is not None and watch.moved_recently(10):
@@ -210,7 +213,7 @@ class Worker(RQWorker):
 
     # -- leases ----------------------------------------------------------------------
 
-    def get_heartbeat_ttl(self, job: Any, working_time: float = 0.0) -> int:
+    def get_heartbeat_ttl(self, job: RQJob, working_time: float = 0.0) -> int:
         """Seconds the lease lasts past this heartbeat: the interval plus the lease margin."""
         interval = self.epoch_settings.heartbeat_interval
         if job.timeout and job.timeout > 0:
@@ -219,7 +222,7 @@ class Worker(RQWorker):
             interval = max(1, int(min(job.timeout - working_time, interval)))
         return interval + self.epoch_settings.lease_margin
 
-    def prepare_execution(self, job: Any) -> Execution:
+    def prepare_execution(self, job: RQJob) -> Execution:
         """Start an execution as RQ does; the grant script rides in RQ's transaction.
 
         The job object then carries the execution's :class:`~rq_epoch.fence.Fence` (the
@@ -243,22 +246,22 @@ class Worker(RQWorker):
                 registry.grant_keys(job.id),
                 [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
             )
-        job.fence = Fence(job.origin, job.id, execution.id)
+        cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
         return execution
 
-    def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
+    def perform_job(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> bool:
         """Run the job as RQ does (in the work-horse, or in-process), as the execution that holds its lease.
 
         A job object without the epoch behaviour is given it, and one that does not carry
         its execution's fence yet (a spawned work-horse fetched it anew) is given it.
         """
-        adopt(job)
+        leased = cast(EpochJobMixin, adopt(job))
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
-        if job.fence is None and execution is not None and execution.job_id == job.id:
-            job.fence = Fence(job.origin, job.id, execution.id)
+        if leased.fence is None and execution is not None and execution.job_id == job.id:
+            leased.fence = Fence(job.origin, job.id, execution.id)
         return bool(super().perform_job(job, queue, *args, **kwargs))
 
-    def prepare_job_execution(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def prepare_job_execution(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """RQ's preparation in the work-horse (status "started"), riding out a server outage.
 
         The job has not run yet: a connection error here must not fail it. RQ's writes are
@@ -268,7 +271,7 @@ class Worker(RQWorker):
         give_up = time.monotonic() + self.outcome_retry_limit
         self.with_backoff(lambda: super(Worker, self).prepare_job_execution(job, *args, **kwargs), give_up)
 
-    def maintain_heartbeats(self, job: Any, execution: Execution | None = None) -> None:
+    def maintain_heartbeats(self, job: RQJob, execution: Execution | None = None) -> None:
         """Heartbeat the worker, the execution and the job, and extend the stamped lease.
 
         One round trip, as RQ's own heartbeat. A server outage is ridden out: attempts are
@@ -296,7 +299,9 @@ class Worker(RQWorker):
             self._lease_lost(job, taken)
         self._sweep_if_due()
 
-    def _heartbeat_lease(self, job: Any, execution: Execution, connection: Any = None) -> tuple[bool, str, str]:
+    def _heartbeat_lease(
+        self, job: RQJob, execution: Execution, connection: Redis | None = None
+    ) -> tuple[bool, str, str]:
         """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease).
 
         ``connection``: the client to send it with (a lease keeper thread has its own).
@@ -380,7 +385,7 @@ class Worker(RQWorker):
                 pass
         self._known_run_id = run_id
 
-    def _lease_lost(self, job: Any, verdict: str) -> None:
+    def _lease_lost(self, job: RQJob, verdict: str) -> None:
         self._lost_lease_job_ids.add(job.id)
         self.log.warning(
             'Worker %s: a sweep took the lease of job %s (verdict %s) while this worker could not '
@@ -393,7 +398,7 @@ class Worker(RQWorker):
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def cleanup_execution(self, job: Any, pipeline: Any, *args: Any, **kwargs: Any) -> None:
+    def cleanup_execution(self, job: RQJob, pipeline: Pipeline, *args: Any, **kwargs: Any) -> None:
         """Remove the execution as RQ does, and fence the outcome transaction it is part of.
 
         Every outcome path of RQ (success, failure, retry, stop, a dead work-horse) calls
@@ -415,7 +420,7 @@ class Worker(RQWorker):
             pipeline.__dict__['_rq_epoch_execution'] = execution
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
-    def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Fail (or retry, or stop) a job as RQ does, fenced; rides out a server outage.
 
         A job whose lease this worker saw a sweep take is not failed at all: it is not ours.
@@ -426,18 +431,18 @@ class Worker(RQWorker):
             return
         self.write_outcome(job, 'failure', lambda: super(Worker, self).handle_job_failure(job, *args, **kwargs))
 
-    def handle_job_success(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def handle_job_success(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Record a success as RQ does, fenced; rides out a server outage."""
         self.write_outcome(job, 'success', lambda: super(Worker, self).handle_job_success(job, *args, **kwargs))
 
-    def handle_job_retry(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def handle_job_retry(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
         self.write_outcome(job, 'retry', lambda: super(Worker, self).handle_job_retry(job, *args, **kwargs))
 
-    def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
+    def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
         self.write_outcome(job, 'end', lambda: super(Worker, self).handle_execution_ended(job, queue, heartbeat_ttl))
 
-    def write_outcome(self, job: Any, what: str, write: Any) -> None:
+    def write_outcome(self, job: RQJob, what: str, write: Callable[[], object]) -> None:
         """Run ``write`` (RQ's recording of a job's outcome), fenced, riding out a server outage.
 
         The commit inside ``write`` is fenced (see :meth:`cleanup_execution`): if this
@@ -481,7 +486,7 @@ class Worker(RQWorker):
                 failures + 1,
             )
 
-    def outcome_refused(self, job: Any, what: str, refusal: OutcomeRefused) -> None:
+    def outcome_refused(self, job: RQJob, what: str, refusal: OutcomeRefused) -> None:
         """Report an outcome the fence refused: one WARNING line (the server counted it)."""
         if isinstance(job, EpochJobMixin):
             job.outcome_refused = True
@@ -494,7 +499,7 @@ class Worker(RQWorker):
             refusal.describe(),
         )
 
-    def _outcome_landed(self, job: Any) -> bool:
+    def _outcome_landed(self, job: RQJob) -> bool:
         status = self.connection.hget(job.key, 'status')
         return status is None or status != b'started'
 
@@ -526,7 +531,7 @@ class Worker(RQWorker):
                 time.sleep(delay)
                 delay, attempt = min(delay * 2, self._max_backoff()), attempt + 1
 
-    def monitor_work_horse(self, job: Any, queue: Any, *args: Any) -> None:
+    def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
 
         When the horse died and the server is unreachable at that moment, its failure is
@@ -547,7 +552,7 @@ class Worker(RQWorker):
                 lambda: None if self._outcome_landed(job) else super(Worker, self).handle_job_failure(job, **kwargs),
             )
 
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
         if pipeline is not None:
             return super().heartbeat(timeout, pipeline=pipeline)
@@ -588,7 +593,7 @@ class Worker(RQWorker):
             )
         scheduler.acquire_locks(auto_start=True)
 
-    def set_state(self, state: str, pipeline: Any = None) -> None:
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is not None:
             return super().set_state(state, pipeline=pipeline)
         try:
@@ -596,7 +601,7 @@ class Worker(RQWorker):
         except _CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
-    def set_current_job_working_time(self, working_time: float, pipeline: Any = None) -> None:
+    def set_current_job_working_time(self, working_time: float, pipeline: Pipeline | None = None) -> None:
         """RQ 2's working-time bookkeeping (called while monitoring); rides out an outage."""
         if pipeline is not None:
             return super().set_current_job_working_time(working_time, pipeline=pipeline)  # type: ignore[misc]
@@ -625,7 +630,9 @@ class Worker(RQWorker):
             self._taker = self.taker_class(self.connection, log=self.log)
         return self._taker
 
-    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[RQJob, RQQueue] | None:
         """RQ's dequeue loop, taking each job with rq-epoch's take instead of RQ's ``BLPOP``.
 
         A worker on several queues takes a job, in its dequeue order, into that queue's
