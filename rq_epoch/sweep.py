@@ -23,7 +23,7 @@ from . import compat, epoch, keys, scripts
 from .compat import text
 from .errors import EpochUnavailableError, StalledJobError
 from .job import Job
-from .jobclass import epoch_job_class
+from .jobclass import resolve_job_class
 from .queue import Queue
 from .settings import EpochSettings
 from .verdicts import Verdict
@@ -256,8 +256,9 @@ class Sweeper:
     :meth:`log_verdict`, :meth:`log_dead_letter`, and :meth:`before_finish` (called after a script returned, before
     the side effects of its dead letters run; the tests use it to kill a sweeper there).
 
-    ``job_class`` may be any class derived from RQ's Job; the sweep uses its epoch variant
-    (see :func:`rq_epoch.epoch_job_class`).
+    ``job_class`` (the argument, else the class attribute) may be any class derived from
+    RQ's Job; the sweep uses its epoch variant, and refuses any other class as the worker
+    does (see :func:`rq_epoch.jobclass.resolve_job_class`).
     """
 
     job_class: type[Job] = Job
@@ -293,8 +294,7 @@ class Sweeper:
             batch_size=batch_size if batch_size is not None else base.batch_size,
         )
         self.connection = connection
-        if job_class is not None:
-            self.job_class = epoch_job_class(job_class)
+        self.job_class = resolve_job_class(type(self), job_class)
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl

@@ -14,7 +14,7 @@ import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
-from rq.utils import import_attribute, now
+from rq.utils import now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
@@ -24,7 +24,7 @@ from .errors import OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
 from .fence import Fence, arm
 from .job import EpochJobMixin, Job
-from .jobclass import adopt, epoch_job_class
+from .jobclass import adopt, resolve_job_class
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
 from .sweep import Sweeper, SweepReport, read_epoch
@@ -41,19 +41,6 @@ __all__ = ['Worker']
 T = TypeVar('T')
 
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-def _worker_job_class(worker_class: type, requested: type[RQJob] | str | None) -> type[Job]:
-    """The epoch variant of the job class asked for, else of the worker class's ``job_class``.
-
-    RQ's own Job (what the rq CLI passes when ``--job-class`` is not given) counts as not
-    asked for, so a subclass's ``job_class = MyJob`` is respected under the CLI too.
-    """
-    if isinstance(requested, str):
-        requested = cast(type[RQJob], import_attribute(requested))  # epoch_job_class checks it is one
-    if requested is None or requested is RQJob:
-        requested = getattr(worker_class, 'job_class', None)
-    return epoch_job_class(requested)
 
 
 class Worker(RQWorker):
@@ -96,7 +83,7 @@ class Worker(RQWorker):
             restart_grace=restart_grace,
             batch_size=batch_size,
         )
-        kwargs['job_class'] = _worker_job_class(type(self), kwargs.get('job_class'))
+        kwargs['job_class'] = resolve_job_class(type(self), kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
         if (
             heartbeat_interval is None
