@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 from redis.exceptions import NoPermissionError, ResponseError, WatchError
 from rq.defaults import DEFAULT_FAILURE_TTL
-from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import resolve_serializer
@@ -514,32 +513,6 @@ class Sweeper:
             f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {now().isoformat()}'
         )
 
-    def finish(self, member: str) -> bool:
-        """Side effects of one dead letter: callback, dependents, then the failure Result.
-
-        The callback and dependents run first; the Result is written in the same
-        transaction that removes the finishing entry, so it exists exactly once.
-        """
-        queue_name, job_id = member.split('|', 1)
-        finishing = keys.finishing_key()
-        try:
-            job = cast(Job, self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer))
-        except NoSuchJobError:
-            self.connection.zrem(finishing, member)
-            return False
-        if job.get_status(refresh=False) != JobStatus.FAILED:
-            # Someone requeued it by hand before we finished: its death is moot.
-            self.connection.zrem(finishing, member)
-            return False
-        max_stalled = job.max_stalled or self.settings.max_stalled
-        reason = self.failure_reason(job, max_stalled)
-        self._side_effects(job, queue_name, reason, has_dependents=True)
-        if not self._record_failure(job, member, reason):
-            return False
-        self._after_failure(job, reason)
-        self.log_dead_letter(job, queue_name, reason)
-        return True
-
     def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
         """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
         logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
@@ -551,7 +524,7 @@ class Sweeper:
         callbacks and handlers run per job, dependents only for jobs that have some; one
         transaction then writes every failure Result and removes the finishing entries,
         so each Result exists exactly once. If another sweeper touches the finishing set
-        meanwhile, the batch falls back to :meth:`finish`-style writes, job by job.
+        meanwhile, the batch falls back to one transaction per job.
         """
         finishing = keys.finishing_key()
         ids = [m.split('|', 1)[1] for m in members]
