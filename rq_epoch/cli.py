@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__, keys
-from .cli_config import CliConfig, fail, pass_cli_config, server_errors
+from .cli_config import CliConfig, F, fail, pass_cli_config, server_errors
 from .errors import ConfigurationError, RqEpochError
 from .formatting import format_job, format_primary, format_status, format_sweep
 from .job import Job
@@ -40,6 +40,14 @@ __all__ = ['CliConfig', 'main']
 
 #: A sweep with more expired leases than this shows a progress bar on a terminal.
 PROGRESS_THRESHOLD = 1000
+
+#: ``--grace`` of the commands that only look (status, exporter).
+grace_option = click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
+
+
+def bounded_option(name: str, low: int, high: int, default: int, help: str) -> Callable[[F], F]:
+    """An integer option between ``low`` and ``high`` with a default shown in the help."""
+    return click.option(name, type=click.IntRange(low, high), default=default, show_default=True, help=help)  # type: ignore[return-value]
 
 
 class CliSweeper(Sweeper):
@@ -192,7 +200,7 @@ def _run_sweep(sweeper: Sweeper, names: list[str], *, dry_run: bool, show_progre
 @click.option(
     '--max-stalled', type=click.IntRange(min=1), help='Stall budget of jobs without their own (as for sweep).'
 )
-@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
+@grace_option
 @click.option('--json', 'as_json', is_flag=True, help='Print one JSON document.')
 @click.option(
     '--job',
@@ -269,20 +277,10 @@ def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[s
 
 @main.command()
 @click.option('--host', default='127.0.0.1', show_default=True, help='Address to listen on.')
-@click.option(
-    '--port',
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_METRICS_PORT,
-    show_default=True,
-    help='Port to listen on (0: any free port, printed at start).',
-)
-@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
-@click.option(
-    '--scan-limit',
-    type=click.IntRange(1, 1_000_000),
-    default=DEFAULT_SCAN_LIMIT,
-    show_default=True,
-    help='Entries read per queue from each list or registry in one scrape.',
+@bounded_option('--port', 0, 65535, DEFAULT_METRICS_PORT, 'Port to listen on (0: any free port, printed at start).')
+@grace_option
+@bounded_option(
+    '--scan-limit', 1, 1_000_000, DEFAULT_SCAN_LIMIT, 'Entries read per queue from each list or registry in one scrape.'
 )
 @pass_cli_config
 def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, scan_limit: int) -> None:

@@ -64,10 +64,10 @@ def rq_names(connection: redis.Redis) -> dict[str, tuple[str, str]]:
         'worker': (keys.worker_key(WORKER), worker.key),
         'wip': (keys.wip_key(QUEUE), StartedJobRegistry(QUEUE, connection=connection).key),
         'failed': (keys.failed_key(QUEUE), FailedJobRegistry(QUEUE, connection=connection).key),
-        'finished': (keys.finished_key(QUEUE), FinishedJobRegistry(QUEUE, connection=connection).key),
-        'deferred': (keys.deferred_key(QUEUE), DeferredJobRegistry(QUEUE, connection=connection).key),
-        'scheduled': (keys.scheduled_key(QUEUE), ScheduledJobRegistry(QUEUE, connection=connection).key),
-        'canceled': (keys.canceled_key(QUEUE), CanceledJobRegistry(QUEUE, connection=connection).key),
+        'finished': (keys.registry_key('finished', QUEUE), FinishedJobRegistry(QUEUE, connection=connection).key),
+        'deferred': (keys.registry_key('deferred', QUEUE), DeferredJobRegistry(QUEUE, connection=connection).key),
+        'scheduled': (keys.registry_key('scheduled', QUEUE), ScheduledJobRegistry(QUEUE, connection=connection).key),
+        'canceled': (keys.registry_key('canceled', QUEUE), CanceledJobRegistry(QUEUE, connection=connection).key),
         'started registry of the queue': (keys.wip_key(QUEUE), queue.started_job_registry.key),
         'failed registry of the queue': (keys.failed_key(QUEUE), queue.failed_job_registry.key),
     }
@@ -76,7 +76,7 @@ def rq_names(connection: redis.Redis) -> dict[str, tuple[str, str]]:
     except ImportError:
         pass
     else:
-        names['ready'] = (keys.ready_key(QUEUE), ReadyJobRegistry(QUEUE, connection=connection).key)
+        names['ready'] = (keys.registry_key('ready', QUEUE), ReadyJobRegistry(QUEUE, connection=connection).key)
     if hasattr(worker, 'executions_key'):  # RQ 3 only
         names['worker executions'] = (keys.worker_executions_key(WORKER), worker.executions_key)
         names['execution of a worker'] = (keys.worker_executions_key(WORKER), execution.worker_executions_key)
@@ -105,6 +105,11 @@ def test_own_keys_share_the_prefix_and_a_namespace() -> None:
     ]
     assert all(name.startswith(f'{keys.PREFIX}:epoch:') for name in own)
     assert len(set(own)) == len(own)
+
+
+def test_an_unknown_registry_is_refused() -> None:
+    with pytest.raises(ValueError):
+        keys.registry_key('started', QUEUE)
 
 
 def test_queue_names_from_the_set_of_queues() -> None:
