@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 try:  # RQ 3.0 made the key prefix configurable
-    from rq.defaults import RQ_KEY_PREFIX
+    from rq.defaults import RQ_KEY_PREFIX  # type: ignore[attr-defined]  # absent in RQ 2
 except ImportError:  # RQ 2.x: fixed prefix
     RQ_KEY_PREFIX = 'rq'
 
@@ -44,8 +44,8 @@ MAINTAINED_REGISTRIES: tuple[type[BaseRegistry], ...]
 #: RQ 3's registry of rate-limited jobs (None on RQ 2, which has no rate limits).
 RateLimitRegistry: Any
 try:
-    from rq.rate_limit import RateLimitRegistry
-    from rq.registry import ReadyJobRegistry
+    from rq.rate_limit import RateLimitRegistry  # type: ignore[no-redef]  # declared above for RQ 2
+    from rq.registry import ReadyJobRegistry  # type: ignore[attr-defined]  # absent in RQ 2
 
     MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry, ReadyJobRegistry)
 except ImportError:  # RQ 2.x
