@@ -1273,14 +1273,14 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
     for name in cfg.queue_names:
         queue = RQQueue(name, connection=client)
         queued |= {_text(x) for x in client.lrange(queue.key, 0, -1)}
-        intermediate |= {_text(x) for x in client.lrange(f'{queue.key}:intermediate', 0, -1)}
+        intermediate |= {_text(x) for x in client.lrange(keys.intermediate_key(name), 0, -1)}
         wip |= {_text(x).split(':', 1)[0] for x in client.zrange(keys.wip_key(name), 0, -1)}
         leases |= {_text(x).split(':', 1)[0] for x in client.zrange(keys.leases_key(name), 0, -1)}
-        deferred |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:deferred:{name}', 0, -1)}
-        ready |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:ready:{name}', 0, -1)}  # RQ 3
-        scheduled |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:scheduled:{name}', 0, -1)}
+        deferred |= {_text(x) for x in client.zrange(keys.registry_key('deferred', name), 0, -1)}
+        ready |= {_text(x) for x in client.zrange(keys.registry_key('ready', name), 0, -1)}  # RQ 3
+        scheduled |= {_text(x) for x in client.zrange(keys.registry_key('scheduled', name), 0, -1)}
         failed_reg |= {_text(x) for x in client.zrange(keys.failed_key(name), 0, -1)}
-        finished_reg |= {_text(x) for x in client.zrange(f'{keys.PREFIX}:finished:{name}', 0, -1)}
+        finished_reg |= {_text(x) for x in client.zrange(keys.registry_key('finished', name), 0, -1)}
     job_class = rq_epoch.Job if side == EPOCH else RQJob
     jobs: list[JobAudit] = []
     for spec in plan.jobs:

@@ -170,7 +170,7 @@ def _age(conn: redis.Redis, queue: str, members: list[str], side: str, stamp: st
             for member in chunk:
                 if expired:
                     pipe.zadd(key, {member: deadline}, xx=True)
-                    pipe.delete(f'{keys.PREFIX}:execution:{member}')
+                    pipe.delete(keys.execution_key(member))
                 if stamp is not None and side == EPOCH:
                     pipe.hset(keys.job_key(member.split(':', 1)[0]), 'lease_epoch', stamp)
             pipe.execute()
@@ -185,7 +185,10 @@ _EXEC = re.compile(r'\b[0-9a-f]{32}\b')
 #: own bookkeeping: per queue, and its record of primary epochs (a worker's start-up sweep writes
 #: them, not the start of a job).
 _IGNORED = re.compile(
-    r'^rq:(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*|epoch:primaries|queue:.*:intermediate:first_seen:.*)$'
+    '^'
+    + re.escape(keys.PREFIX)
+    + r':(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*|epoch:primaries'
+    + r'|queue:.*:intermediate:first_seen:.*)$'
 )
 
 
@@ -206,9 +209,11 @@ def _s(value: Any) -> str:
 
 
 def _worker_names(conn: redis.Redis, names: list[str]) -> set[str]:
-    found = {n.split(':')[2] for n in names if n.startswith('rq:worker:') and n.count(':') >= 2}
+    worker_prefix = keys.worker_key('')
+    found = {n[len(worker_prefix) :].split(':')[0] for n in names if n.startswith(worker_prefix)}
+    found.discard('')
     for name in names:
-        if name.startswith(('rq:job:', 'rq:execution:')) and _s(conn.type(name)) == 'hash':
+        if name.startswith((keys.job_key(''), keys.execution_key(''))) and _s(conn.type(name)) == 'hash':
             worker = conn.hget(name, 'worker_name')
             if worker:
                 found.add(_s(worker))
@@ -289,7 +294,7 @@ def real_layout(srv: EmbeddedServer, side: str, n_jobs: int = 2, timeout: float 
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            started = sum(1 for k in conn.scan_iter('rq:job:*') if conn.hget(k, 'status') == b'started')
+            started = sum(1 for k in conn.scan_iter(keys.job_key('*')) if conn.hget(k, 'status') == b'started')
             if started == n_jobs and conn.zcard(keys.wip_key('check')) == n_jobs:
                 break
             time.sleep(0.05)

@@ -51,7 +51,7 @@ import redis
 from rq import Queue
 from rq.utils import str_to_date
 
-from rq_epoch import scripts
+from rq_epoch import keys, scripts
 
 from .common import EPOCH, ROOT, STOCK, parser, percentile, ratio, server, server_version, table, write_results
 from .worker_throughput import worker_env
@@ -108,9 +108,9 @@ def wait_idle(conn: redis.Redis, workers: int, timeout: float = 60.0) -> None:
     """Until ``workers`` workers are registered and idle, then one more second to settle."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        keys = conn.smembers('rq:workers')
-        states = [conn.hget(key, 'state') for key in keys]
-        if len(keys) >= workers and all(state == b'idle' for state in states):
+        registered = conn.smembers(keys.workers_key())
+        states = [conn.hget(key, 'state') for key in registered]
+        if len(registered) >= workers and all(state == b'idle' for state in states):
             time.sleep(1.0)
             return
         time.sleep(0.05)
@@ -148,7 +148,7 @@ def read_slowlog(conn: redis.Redis) -> list[tuple[str, float]]:
             continue
         if name == 'EVALSHA' and len(words) > 1:
             name = f'EVALSHA:{names.get(words[1], "other")}'
-        elif name == 'EXISTS' and words[1:] and all(w.startswith('rq:queue:') for w in words[1:]):
+        elif name == 'EXISTS' and words[1:] and all(w.startswith(keys.QUEUE_PREFIX) for w in words[1:]):
             name = 'EXISTS:queues'  # the wake-up's read (RQ's own EXISTS reads a job)
         out.append((name, float(entry['duration'])))
     return out
@@ -195,7 +195,7 @@ def latencies_ms(conn: redis.Redis, job_ids: list[str]) -> list[float]:
     """``started_at - enqueued_at`` of each job, in ms (both written by RQ, on this machine)."""
     with conn.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.hmget(f'rq:job:{job_id}', 'enqueued_at', 'started_at')
+            pipe.hmget(keys.job_key(job_id), 'enqueued_at', 'started_at')
         rows = pipe.execute()
     out = []
     for enqueued, started in rows:
@@ -217,7 +217,7 @@ class Poller:
         while time.monotonic() < deadline:
             with self.conn.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
-                    pipe.hget(f'rq:job:{job_id}', 'status')
+                    pipe.hget(keys.job_key(job_id), 'status')
                 statuses = pipe.execute()
             self.polls += 1
             if all(s == b'finished' for s in statuses):

@@ -173,16 +173,16 @@ def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Cal
 def check(conn: redis.Redis, case: Case, jobs: JobSet, callbacks: int) -> dict[str, Any]:
     """Where the jobs ended: queued again, or failed with their side effects."""
     n = len(jobs.job_ids)
-    queued = conn.llen(f'rq:queue:{QUEUE}')
+    queued = conn.llen(keys.queue_key(QUEUE))
     failed = FailedJobRegistry(QUEUE, connection=conn).count
-    started_left = conn.zcard(f'rq:wip:{QUEUE}') + conn.zcard(f'rq:epoch:leases:{QUEUE}')
+    started_left = conn.zcard(keys.wip_key(QUEUE)) + conn.zcard(keys.leases_key(QUEUE))
     sample = jobs.job_ids[:: max(1, n // 20)]
-    raw: list[Any] = [conn.hget(f'rq:job:{j}', 'status') for j in sample]
+    raw: list[Any] = [conn.hget(keys.job_key(j), 'status') for j in sample]
     statuses = {s.decode() if isinstance(s, bytes) else s for s in raw}
     if case.requeue:
         expected = {'queued': n, 'failed': 0, 'left_started': 0, 'statuses': ['queued']}
     else:
-        results = sum(1 for j in sample if conn.exists(f'rq:results:{j}'))
+        results = sum(1 for j in sample if conn.exists(keys.results_key(j)))
         expected = {
             'queued': len(jobs.dependent_ids),
             'failed': n,

@@ -35,6 +35,8 @@ import redis
 from rq import Queue
 from rq.registry import FinishedJobRegistry
 
+from rq_epoch import keys
+
 from .common import EPOCH, ROOT, STOCK, parser, ratio, server, server_version, table, write_results
 from .fixture import enqueue_jobs
 
@@ -66,7 +68,7 @@ def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
 
     with conn.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.hmget(f'rq:job:{job_id}', 'started_at', 'ended_at')
+            pipe.hmget(keys.job_key(job_id), 'started_at', 'ended_at')
         rows = pipe.execute()
     starts = [str_to_date(r[0]).timestamp() for r in rows if r[0]]
     ends = [str_to_date(r[1]).timestamp() for r in rows if r[1]]

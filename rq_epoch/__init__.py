@@ -24,6 +24,7 @@ from .queue import Queue
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
 from .sweep import LeaseVerdict, PrimaryState, ServerEpoch, Sweeper, SweepReport, read_epoch, read_primary_state
+from .verdicts import Verdict
 from .worker import Worker
 
 __version__ = '0.2.0'
@@ -49,6 +50,7 @@ __all__ = [
     'StartedJobRegistry',
     'SweepReport',
     'Sweeper',
+    'Verdict',
     'Worker',
     'epoch_job_class',
     'is_counted',

@@ -14,38 +14,24 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import update_wrapper
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
-import redis
-from rq.cli.helpers import get_redis_from_config, read_config_file
-from rq.defaults import DEFAULT_CONNECTION_CLASS, DEFAULT_SERIALIZER_CLASS
-from rq.serializers import resolve_serializer
-from rq.utils import import_attribute
 
 from . import __version__, keys
+from .cli_config import CliConfig, F, fail, pass_cli_config, server_errors
 from .errors import ConfigurationError, RqEpochError
-from .job import Job, stalled_count
-from .jobclass import epoch_job_class
+from .formatting import format_job, format_primary, format_status, format_sweep
+from .job import Job
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
 from .settings import EpochSettings
-from .sweep import (
-    VERDICTS,
-    LeaseVerdict,
-    PrimaryState,
-    ServerEpoch,
-    Sweeper,
-    SweepReport,
-    read_epoch,
-    read_primary_state,
-)
+from .status import read_status, server_now
+from .sweep import LeaseVerdict, Sweeper, SweepReport, read_epoch
+from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -54,189 +40,14 @@ __all__ = ['CliConfig', 'main']
 
 #: A sweep with more expired leases than this shows a progress bar on a terminal.
 PROGRESS_THRESHOLD = 1000
-#: At most this many entries of each list or registry are read to find stalled jobs.
-STATUS_SCAN_LIMIT = 10_000
-#: Job hashes read per round trip by ``status``.
-_CHUNK = 500
 
-F = TypeVar('F', bound=Callable[..., Any])
+#: ``--grace`` of the commands that only look (status, exporter).
+grace_option = click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
 
 
-def _one_line(text: object) -> str:
-    return ' '.join(str(text).split())
-
-
-def fail(message: str) -> NoReturn:
-    """Print a one-line error on stderr and exit with status 1."""
-    click.echo(f'Error: {_one_line(message)}', err=True)
-    sys.exit(1)
-
-
-class CliConfig:
-    """The options every command shares, turned into a connection, a job class and a serializer.
-
-    The connection follows ``rq``'s CLI: ``--url``, else the ``--config`` module's
-    ``REDIS_URL`` / ``SENTINEL`` / ``REDIS_HOST``... settings, else the same settings
-    from the environment.
-    """
-
-    def __init__(
-        self,
-        url: str | None = None,
-        config: str | None = None,
-        job_class: str = 'rq_epoch.Job',
-        connection_class: str = DEFAULT_CONNECTION_CLASS,
-        path: Sequence[str] = ('.',),
-        serializer: str = DEFAULT_SERIALIZER_CLASS,
-        queues: Sequence[str] = (),
-        all_queues: bool = False,
-    ) -> None:
-        self.names = list(dict.fromkeys(queues))
-        self.all_queues = all_queues
-        if self.names and all_queues:
-            raise click.UsageError('give queue names or --all, not both')
-        for entry in path or ():
-            if entry not in sys.path:
-                sys.path.append(entry)
-        self.url = url
-        self.config = config
-        self.settings: dict[str, Any] = {}
-        if config:
-            try:
-                self.settings = read_config_file(config)
-            except Exception as exc:  # noqa: BLE001 - any import failure is a usage error
-                raise click.BadParameter(f'cannot import {config!r}: {_one_line(exc)}', param_hint='--config') from exc
-        try:
-            self.connection_class: type[Redis] = import_attribute(connection_class)  # type: ignore[assignment]
-        except Exception as exc:  # noqa: BLE001
-            raise click.BadParameter(_one_line(exc), param_hint='--connection-class') from exc
-        self.job_class = _resolve_job_class(job_class)
-        try:
-            self.serializer = resolve_serializer(serializer)
-        except Exception as exc:  # noqa: BLE001
-            raise click.BadParameter(_one_line(exc), param_hint='--serializer') from exc
-        self._connection: Redis | None = None
-
-    @property
-    def connection(self) -> Redis:
-        """The client, made on first use."""
-        if self._connection is None:
-            try:
-                if self.url:
-                    self._connection = self.connection_class.from_url(self.url)
-                elif self.config:
-                    self._connection = get_redis_from_config(self.settings, self.connection_class)
-                else:
-                    self._connection = get_redis_from_config(os.environ, self.connection_class)
-            except ValueError as exc:
-                hint = '--url' if self.url else ('--config' if self.config else 'REDIS_* environment')
-                raise click.BadParameter(_one_line(exc), param_hint=hint) from exc
-        return self._connection
-
-    def describe(self) -> str:
-        """Where the connection goes, without credentials, for error messages."""
-        connection = self._connection
-        if connection is None:
-            return 'the server'
-        kwargs = connection.connection_pool.connection_kwargs
-        if 'path' in kwargs:
-            return f'unix://{kwargs["path"]}'
-        service = getattr(connection.connection_pool, 'service_name', None)
-        if service:
-            return f'the master {service!r} of the sentinels'
-        return f'{kwargs.get("host", "localhost")}:{kwargs.get("port", 6379)}/{kwargs.get("db", 0)}'
-
-    def queue_names(self) -> list[str]:
-        """The queues chosen by ``--queue``/arguments, ``--all``, or the config module's ``QUEUES``."""
-        if self.all_queues:
-            return all_queue_names(self.connection)
-        if not self.names and self.settings.get('QUEUES'):
-            return list(dict.fromkeys(self.settings['QUEUES']))
-        return list(self.names)
-
-
-def _resolve_job_class(name: str) -> type[Job]:
-    try:
-        return epoch_job_class(name)
-    except ConfigurationError as exc:
-        raise click.BadParameter(_one_line(exc), param_hint='--job-class') from exc
-
-
-def all_queue_names(connection: Redis) -> list[str]:
-    """Every queue RQ knows of (the members of ``rq:queues``), sorted."""
-    prefix = f'{keys.PREFIX}:queue:'
-    names = []
-    for raw in connection.smembers(f'{keys.PREFIX}:queues'):  # type: ignore[union-attr]
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if key.startswith(prefix):
-            names.append(key[len(prefix) :])
-    return sorted(names)
-
-
-_shared_options = [
-    click.option('--url', '-u', envvar='RQ_REDIS_URL', help='URL describing Redis connection details.'),
-    click.option('--config', '-c', envvar='RQ_CONFIG', help='Module containing RQ settings.'),
-    click.option(
-        '--job-class',
-        '-j',
-        envvar='RQ_JOB_CLASS',
-        default='rq_epoch.Job',
-        show_default=True,
-        help='Job class (derived from rq.job.Job; it is given the epoch behaviour).',
-    ),
-    click.option(
-        '--connection-class',
-        envvar='RQ_CONNECTION_CLASS',
-        default=DEFAULT_CONNECTION_CLASS,
-        help='Redis client class to use.',
-    ),
-    click.option('--path', '-P', default=['.'], multiple=True, help='Specify the import path.'),
-    click.option(
-        '--serializer',
-        '-S',
-        default=DEFAULT_SERIALIZER_CLASS,
-        help='Serializer to use. Accepts json, pickle, or a dotted import path.',
-    ),
-    click.option('--queue', '-q', 'queue_options', multiple=True, metavar='NAME', help='A queue (repeatable).'),
-    click.option('--all', '-a', 'all_queues', is_flag=True, help='Every queue in rq:queues.'),
-    click.argument('queues', nargs=-1),
-]
-
-
-def pass_cli_config(func: F) -> F:
-    """Add the shared options to a command and pass it a :class:`CliConfig` first."""
-    for option in reversed(_shared_options):
-        func = option(func)
-
-    def wrapper(**kwargs: Any) -> Any:
-        cli_config = CliConfig(
-            url=kwargs.pop('url'),
-            config=kwargs.pop('config'),
-            job_class=kwargs.pop('job_class'),
-            connection_class=kwargs.pop('connection_class'),
-            path=kwargs.pop('path'),
-            serializer=kwargs.pop('serializer'),
-            queues=[*kwargs.pop('queue_options'), *kwargs.pop('queues')],
-            all_queues=kwargs.pop('all_queues'),
-        )
-        return func(cli_config, **kwargs)
-
-    return update_wrapper(wrapper, func)  # type: ignore[return-value]
-
-
-@contextmanager
-def server_errors(cli_config: CliConfig) -> Iterator[None]:
-    """Turn an unreachable server or a refused command into a one-line error and exit status 1."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        fail(f'cannot reach {cli_config.describe()}: {exc}')
-    except RqEpochError as exc:
-        fail(str(exc))
-    except redis.exceptions.ResponseError as exc:
-        fail(f'{cli_config.describe()} refused a command: {exc}')
-    except redis.exceptions.RedisError as exc:
-        fail(f'{cli_config.describe()}: {exc}')
+def bounded_option(name: str, low: int, high: int, default: int, help: str) -> Callable[[F], F]:
+    """An integer option between ``low`` and ``high`` with a default shown in the help."""
+    return click.option(name, type=click.IntRange(low, high), default=default, show_default=True, help=help)  # type: ignore[return-value]
 
 
 class CliSweeper(Sweeper):
@@ -273,28 +84,9 @@ def _settings(max_stalled: int | None = None, batch_size: int | None = None, gra
         raise click.UsageError(str(exc)) from exc
 
 
-def _duration(seconds: int) -> str:
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f'{days}d {hours}h'
-    if hours:
-        return f'{hours}h {minutes}m'
-    if minutes:
-        return f'{minutes}m {secs}s'
-    return f'{secs}s'
-
-
-def _server_now(connection: Redis) -> float:
-    seconds, micros = connection.time()  # type: ignore[misc]
-    return float(seconds) + float(micros) / 1e6
-
-
 def count_expired(connection: Redis, queue_names: Sequence[str]) -> int:
     """Expired leases waiting for a sweep: rq-epoch's, and stock workers' entries in RQ's registry."""
-    now = _server_now(connection)
+    now = server_now(connection)
     with connection.pipeline(transaction=False) as pipeline:
         for name in queue_names:
             pipeline.zcount(keys.leases_key(name), '-inf', now)
@@ -360,7 +152,7 @@ def sweep(
         if not names:
             if cli_config.all_queues:
                 if not quiet and not as_json:
-                    click.echo('No queues in rq:queues: nothing to sweep.')
+                    click.echo(f'No queues in {keys.queues_key()}: nothing to sweep.')
                 if as_json:
                     click.echo(json.dumps(SweepReport(dry_run=dry_run).to_dict() | {'total': 0}))
                 return
@@ -372,7 +164,7 @@ def sweep(
             serializer=cli_config.serializer,
         )
         report = _run_sweep(sweeper, names, dry_run=dry_run, show_progress=not quiet)
-    dead = [v for v in report.verdicts if v.verdict == 'dead']
+    dead = [v for v in report.verdicts if v.verdict is Verdict.DEAD]
     if not report.judged and report.primary is not None:
         # Shown even with --quiet: a cron sweep pointed at a replica would otherwise do nothing, silently.
         click.echo(f'rq-epoch sweep: nothing judged: {format_primary(report.primary)}', err=True)
@@ -401,56 +193,6 @@ def _run_sweep(sweeper: Sweeper, names: list[str], *, dry_run: bool, show_progre
         return sweeper.sweep(names, dry_run=dry_run, progress=update)
 
 
-_VERDICT_WORDS = {
-    'ghost': 'ghost (job gone)',
-    'corrupt': 'corrupt',
-    'settled': 'settled (job no longer started)',
-    'exempt': 'exempt (crossed a restart, not counted)',
-    'recovered': 'recovered (counted stall, requeued)',
-    'dead': 'dead (dead-lettered)',
-    'deferred': 'deferred (restart grace)',
-}
-
-
-def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool = False) -> list[str]:
-    """The human summary of a sweep: a header, a line per queue with its verdict counts, dead letters."""
-    judged = report.total
-    head = 'rq-epoch sweep --dry-run (nothing written)' if report.dry_run else 'rq-epoch sweep'
-    lines = [
-        f'{head}: server epoch {report.run_id} (up {_duration(report.uptime)}), '
-        f'{len(report.queues)} queue(s), {judged} expired lease(s) '
-        + ('would be judged' if report.dry_run else 'judged')
-    ]
-    width = max((len(name) for name in report.queues), default=0)
-    for name in report.queues:
-        counts = report.counts(name)
-        parts = [f'{counts[v]} {v}' for v in VERDICTS if counts[v]]
-        lines.append(f'  {name:<{width}}  {", ".join(parts) if parts else "nothing expired"}')
-    if verbose:
-        for v in report.verdicts:
-            lines.append('  ' + format_verdict(v))
-    for v in report.verdicts:
-        if v.verdict == 'dead':
-            verb = 'would be dead-lettered' if report.dry_run else 'dead-lettered to FailedJobRegistry'
-            lines.append(f'  dead letter: job {v.job_id} (queue {v.queue}) stalled {v.stalled}/{v.max_stalled}: {verb}')
-    deferred = report.counts()['deferred']
-    if deferred:
-        age = int(report.primary.age) if report.primary is not None else report.uptime
-        lines.append(
-            f'  {deferred} lease(s) from a previous server process wait for the restart grace '
-            f'(primary for {_duration(age)}, grace {settings.grace}s): live workers re-stamp theirs meanwhile'
-        )
-    return lines
-
-
-def format_verdict(v: LeaseVerdict) -> str:
-    """One expired lease and its verdict, on one line."""
-    return (
-        f'{v.queue} job {v.job_id or "-"} {_VERDICT_WORDS.get(v.verdict, v.verdict)} '
-        f'stalled {v.stalled}/{v.max_stalled} lease_epoch {v.lease_epoch or "(none)"}'
-    )
-
-
 # -- status --------------------------------------------------------------------------------
 
 
@@ -458,7 +200,7 @@ def format_verdict(v: LeaseVerdict) -> str:
 @click.option(
     '--max-stalled', type=click.IntRange(min=1), help='Stall budget of jobs without their own (as for sweep).'
 )
-@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
+@grace_option
 @click.option('--json', 'as_json', is_flag=True, help='Print one JSON document.')
 @click.option(
     '--job',
@@ -473,7 +215,7 @@ def status(
 ) -> None:
     """Show the server's epoch and, per queue, its leases, stalled jobs and dead letters.
 
-    Without queues, every queue in rq:queues. With --job, one job's history instead:
+    Without queues, every queue in RQ's set of queues. With --job, one job's history instead:
     counted stalls and the epochs they were counted under, exempt recoveries, its lease,
     whether it is a dead letter and whether it was requeued since. Writes nothing.
     """
@@ -484,188 +226,18 @@ def status(
         _status_jobs(cli_config, settings, list(dict.fromkeys(job_ids)), as_json)
         return
     with server_errors(cli_config), cli_logging():
-        connection = cli_config.connection
-        current = read_epoch(connection)
-        primary = read_primary_state(connection, current)
-        names = cli_config.queue_names() or all_queue_names(connection)
-        sweeper = CliSweeper(
-            connection, settings=settings, job_class=cli_config.job_class, serializer=cli_config.serializer
+        found = read_status(
+            cli_config.connection,
+            cli_config.queue_names(),
+            settings=settings,
+            job_class=cli_config.job_class,
+            serializer=cli_config.serializer,
         )
-        preview = sweeper.sweep(names, dry_run=True) if names else SweepReport(run_id=current.run_id)
-        queues = {name: queue_status(connection, name, preview, settings) for name in names}
-    doc = {
-        'server': {
-            'run_id': current.run_id,
-            'uptime': current.uptime,
-            'role': current.role,
-            'state': primary.state,
-            'primary_for': round(primary.age, 3) if primary.first_seen else None,
-            'primary_since': primary.first_seen or None,
-            'replicas_online': primary.replicas_online,
-            'replicas_expected': primary.replicas_expected,
-        },
-        'max_stalled': settings.max_stalled,
-        'restart_grace': settings.grace,
-        'restart_grace_left': grace_left(primary, settings),
-        'queues': queues,
-    }
     if as_json:
-        click.echo(json.dumps(doc))
+        click.echo(json.dumps(found.to_dict()))
         return
-    for line in format_status(current, settings, queues, primary):
+    for line in format_status(found.current, settings, found.queues, found.primary):
         click.echo(line)
-
-
-def _text(raw: Any) -> str:
-    if raw is None:
-        return ''
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def queue_status(connection: Redis, name: str, preview: SweepReport, settings: EpochSettings) -> dict[str, Any]:
-    """The state of one queue's leases, its jobs with counted stalls, and its dead letters."""
-    now = _server_now(connection)
-    limit = STATUS_SCAN_LIMIT
-    with connection.pipeline(transaction=False) as pipeline:
-        pipeline.zcount(keys.leases_key(name), f'({now}', '+inf')
-        pipeline.zcount(keys.wip_key(name), f'({now}', '(+inf')
-        pipeline.zrange(keys.leases_key(name), 0, limit - 1)
-        pipeline.zrange(keys.wip_key(name), 0, limit - 1)
-        pipeline.lrange(f'{keys.PREFIX}:queue:{name}', 0, limit - 1)
-        pipeline.zrange(keys.failed_key(name), 0, limit - 1)
-        pipeline.hgetall(keys.stats_key(name))
-        live, stock_live, leases, wip, queued, failed, stats = pipeline.execute()
-    job_ids: dict[str, None] = {}
-    for member in [*leases, *wip]:
-        job_ids[_text(member).split(':', 1)[0]] = None
-    for job_id in [*queued, *failed]:
-        job_ids[_text(job_id)] = None
-    failed_ids = {_text(x) for x in failed}
-    stalled_jobs = []
-    dead_letters = []
-    for chunk in _chunks(list(job_ids), _CHUNK):
-        with connection.pipeline(transaction=False) as pipeline:
-            for job_id in chunk:
-                pipeline.hmget(keys.job_key(job_id), 'stalled', 'max_stalled', 'status', 'stall_dead')
-            rows = pipeline.execute()
-        for job_id, (stalled, own_max, job_status, stall_dead) in zip(chunk, rows, strict=True):
-            count = stalled_count(stalled, job_status, stall_dead)
-            budget = int(_text(own_max)) if _text(own_max).isdigit() else settings.max_stalled
-            if _text(stall_dead) == '1' and job_id in failed_ids:
-                dead_letters.append(job_id)
-            if count > 0:
-                stalled_jobs.append(
-                    {'job_id': job_id, 'stalled': count, 'max_stalled': budget, 'status': _text(job_status)}
-                )
-    expired = preview.counts(name)
-    counters = {_text(k): _text(v) for k, v in sorted(stats.items())}
-    last_sweep = float(counters['last_sweep']) if counters.get('last_sweep') else None
-    return {
-        'live_leases': int(live),
-        'stock_live_leases': int(stock_live),
-        'expired_leases': sum(expired.values()),
-        'expired': expired,
-        'would_be_exempt': expired['exempt'] + expired['deferred'],
-        'would_be_counted': expired['recovered'] + expired['dead'],
-        'stalled_jobs': stalled_jobs,
-        'dead_letters': dead_letters,
-        'counters': {k: int(v) for k, v in counters.items() if v.isdigit()},
-        'last_sweep': last_sweep,
-        'seconds_since_last_sweep': round(now - last_sweep, 3) if last_sweep is not None else None,
-        'truncated': any(len(x) >= limit for x in (leases, wip, queued, failed)),
-    }
-
-
-def grace_left(primary: PrimaryState, settings: EpochSettings) -> int | None:
-    """Seconds of restart grace left on this primary (the whole grace when no sweep has seen it
-    as primary yet); None on a replica."""
-    if not primary.is_primary:
-        return None
-    if not primary.first_seen:
-        return settings.grace
-    return max(0, math.ceil(settings.grace - primary.age))
-
-
-def format_primary(primary: PrimaryState) -> str:
-    """One line on the server's role: how long it has been primary, its replicas."""
-    if not primary.is_primary:
-        return f'role {primary.role or "unknown"}: a replica; sweeps judge nothing here (point them at the primary)'
-    replicas = f'{primary.replicas_online} replica(s) online'
-    if primary.isolated:
-        return (
-            f'primary ISOLATED: {primary.replicas_expected} replica(s) seen in this epoch, none online now; sweeps '
-            'judge nothing here (a demoted or cut-off primary)'
-        )
-    if not primary.first_seen:
-        return f'primary: not yet seen as primary by a sweep (the grace starts at the first sweep); {replicas}'
-    age = int(primary.age)
-    return f'primary for {_duration(age)} ({age}s) (this process, since a sweep first saw it as primary); {replicas}'
-
-
-def format_status(
-    current: ServerEpoch,
-    settings: EpochSettings,
-    queues: dict[str, dict[str, Any]],
-    primary: PrimaryState | None = None,
-) -> list[str]:
-    """The human form of ``status``."""
-    lines = [
-        f'server epoch: run_id {current.run_id}, up {_duration(current.uptime)} ({current.uptime}s), '
-        f'role {current.role or "unknown"}'
-    ]
-    if primary is not None:
-        lines.append(format_primary(primary))
-        left = grace_left(primary, settings)
-    else:
-        left = settings.grace - current.uptime
-    if left is not None and left > 0:
-        lines.append(
-            f'restart grace: {settings.grace}s, {left}s left: leases from an older server process wait, '
-            'so that live workers can re-stamp theirs'
-        )
-    lines.append(f'stall budget: {settings.max_stalled} (jobs enqueued with max_stalled use their own)')
-    if not queues:
-        lines.append('no queues')
-    for name, q in queues.items():
-        lines.append(f'queue {name}')
-        live = f'{q["live_leases"]}'
-        if q['stock_live_leases']:
-            live += f' (+{q["stock_live_leases"]} held by stock RQ workers)'
-        lines.append(f'  live leases       {live}')
-        exp = q['expired']
-        detail = ', '.join(f'{exp[v]} {v}' for v in VERDICTS if exp[v])
-        waiting = f'{q["expired_leases"]}'
-        if q['expired_leases']:
-            waiting += f' ({q["would_be_exempt"]} would be exempt, {q["would_be_counted"]} counted; {detail})'
-        lines.append(f'  expired leases    {waiting}')
-        stalled = q['stalled_jobs']
-        lines.append(f'  jobs stalled > 0  {len(stalled)}')
-        for job in stalled[:10]:
-            lines.append(f'    {job["job_id"]}  stalled {job["stalled"]}/{job["max_stalled"]}  {job["status"]}')
-        if len(stalled) > 10:
-            lines.append(f'    ... and {len(stalled) - 10} more (see --json)')
-        dead = q['dead_letters']
-        lines.append(f'  dead letters      {len(dead)} (failed after stalling, in FailedJobRegistry)')
-        for job_id in dead[:10]:
-            lines.append(f'    {job_id}')
-        if len(dead) > 10:
-            lines.append(f'    ... and {len(dead) - 10} more (see --json)')
-        counters = q['counters']
-        if counters:
-            text = ', '.join(f'{counters[v]} {v}' for v in VERDICTS if counters.get(v))
-            lines.append(f'  sweep counters    {text or "none"}')
-        refused = counters.get('refused', 0)
-        lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
-        since = q['seconds_since_last_sweep']
-        lines.append(f'  last sweep        {_duration(int(since)) + " ago" if since is not None else "none recorded"}')
-        if q['truncated']:
-            lines.append(f'  (only the first {STATUS_SCAN_LIMIT} entries of each registry were read)')
-    return lines
 
 
 def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[str], as_json: bool) -> None:
@@ -700,66 +272,21 @@ def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[s
             click.echo(line)
 
 
-def format_job(job: dict[str, Any], current: ServerEpoch) -> list[str]:
-    """The human form of ``status --job``."""
-    source = "the job's own" if job['max_stalled_source'] == 'job' else 'the default'
-    lines = [
-        f'job {job["job_id"]} (queue {job["queue"]}): {job["status"]}',
-        f'  stalled            {job["stalled"]}/{job["max_stalled"]} (budget: {source})',
-    ]
-    if job['stall_epochs']:
-        counts: dict[str, int] = {}
-        for run_id in job['stall_epochs']:
-            counts[run_id] = counts.get(run_id, 0) + 1
-        for run_id, n in counts.items():
-            here = ' (the current server process)' if run_id == current.run_id else ''
-            lines.append(f'  counted under      {run_id} x{n}{here}')
-    lines.append(f'  exempt recoveries  {job["exempt_recoveries"]} (leases that crossed a restart, not counted)')
-    lease = job['lease']
-    stamp = job['lease_epoch'] or '(none)'
-    whose = 'the current server process' if job['lease_epoch_is_current'] else 'another server process'
-    if lease is None:
-        lines.append(f'  lease              none (last stamp {stamp})')
-    elif lease['expired']:
-        lines.append(
-            f'  lease              expired {-lease["seconds_left"]:.1f}s ago, stamped by {stamp} ({whose}): '
-            'waiting for a sweep'
-        )
-    else:
-        lines.append(f'  lease              live, {lease["seconds_left"]:.1f}s left, stamped by {stamp} ({whose})')
-    dead = 'yes (failed, in FailedJobRegistry)' if job['dead_letter'] else 'no'
-    lines.append(f'  dead letter        {dead}')
-    lines.append(f'  requeued since     {"yes" if job["requeued_since_dead_letter"] else "no"}')
-    for result in job['dead_letter_results']:
-        lines.append(f'  dead-lettered      {result["created_at"] or "?"}: {_one_line(result["reason"])}')
-    return lines
-
-
 # -- exporter ------------------------------------------------------------------------------
 
 
 @main.command()
 @click.option('--host', default='127.0.0.1', show_default=True, help='Address to listen on.')
-@click.option(
-    '--port',
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_METRICS_PORT,
-    show_default=True,
-    help='Port to listen on (0: any free port, printed at start).',
-)
-@click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
-@click.option(
-    '--scan-limit',
-    type=click.IntRange(1, 1_000_000),
-    default=DEFAULT_SCAN_LIMIT,
-    show_default=True,
-    help='Entries read per queue from each list or registry in one scrape.',
+@bounded_option('--port', 0, 65535, DEFAULT_METRICS_PORT, 'Port to listen on (0: any free port, printed at start).')
+@grace_option
+@bounded_option(
+    '--scan-limit', 1, 1_000_000, DEFAULT_SCAN_LIMIT, 'Entries read per queue from each list or registry in one scrape.'
 )
 @pass_cli_config
 def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, scan_limit: int) -> None:
     """Serve Prometheus metrics at http://HOST:PORT/metrics (needs rq-epoch[prometheus]).
 
-    Without queues, every queue in rq:queues, read afresh at each scrape. A scrape costs
+    Without queues, every queue in RQ's set of queues, read afresh at each scrape. A scrape costs
     a fixed number of round trips whatever the number of queues and jobs, and writes
     nothing. Runs until SIGTERM or Ctrl-C.
     """
@@ -769,7 +296,7 @@ def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, sca
     from .metrics import EpochCollector, serve
 
     _settings(grace=grace)
-    names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read rq:queues at each scrape
+    names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read RQ's set of queues at each scrape
     collector = EpochCollector(cli_config.connection, queues=names, restart_grace=grace, scan_limit=scan_limit)
     try:
         httpd, thread = serve(collector, host, port)
@@ -785,7 +312,7 @@ def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, sca
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     shown = 'http://[{}]:{}/metrics' if ':' in host else 'http://{}:{}/metrics'
-    watched = ', '.join(names) if names else 'every queue in rq:queues'
+    watched = ', '.join(names) if names else f'every queue in {keys.queues_key()}'
     click.echo(f'rq-epoch exporter: serving {shown.format(host, httpd.server_port)} ({watched})')
     sys.stdout.flush()
     handler = logging.StreamHandler(sys.stderr)

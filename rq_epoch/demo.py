@@ -44,11 +44,13 @@ from rq.registry import StartedJobRegistry as RQStartedJobRegistry
 
 from . import keys
 from ._demo_jobs import DEMO_MARKER, STOCK_MARGIN_ENV
+from .compat import text as _text
 from .errors import RqEpochError
 from .job import Job
 from .queue import Queue
 from .settings import EpochSettings
 from .sweep import LeaseVerdict, Sweeper, read_epoch
+from .verdicts import Verdict
 
 __all__ = ['DemoError', 'run_demo']
 
@@ -73,12 +75,6 @@ class DemoError(RqEpochError):
 
 def _short(run_id: str | None) -> str:
     return (run_id or '(none)')[:8]
-
-
-def _text(raw: Any) -> str:
-    if raw is None:
-        return ''
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -456,7 +452,7 @@ class Story:
     def tell_verdict(self, v: LeaseVerdict) -> None:
         job = self.job_for(v.job_id)
         tag = job.tag if job else v.job_id
-        if v.verdict == 'deferred':
+        if v.verdict is Verdict.DEFERRED:
             if job and not job.deferred_told:
                 job.deferred_told = True
                 self.say(
@@ -467,20 +463,20 @@ class Story:
             return
         if job:
             job.verdicts.append(v.verdict)
-            if v.verdict in ('exempt', 'recovered'):
+            if v.verdict in (Verdict.EXEMPT, Verdict.RECOVERED):
                 job.status = 'queued'
                 job.lease_epoch = ''
-        if v.verdict == 'recovered':
+        if v.verdict is Verdict.RECOVERED:
             self.say(
                 f'sweep: {tag}: lease expired under the same server process ({_short(v.run_id)}) -> a real stall: '
                 f'counted {v.stalled}/{v.max_stalled}, requeued at the front'
             )
-        elif v.verdict == 'dead':
+        elif v.verdict is Verdict.DEAD:
             self.say(
                 f'sweep: {tag}: lease expired under the same server process ({_short(v.run_id)}) -> stall '
                 f'{v.stalled}/{v.max_stalled}: dead-lettered to FailedJobRegistry'
             )
-        elif v.verdict == 'exempt':
+        elif v.verdict is Verdict.EXEMPT:
             self.say(
                 f'sweep: {tag}: lease stamped by the previous server process ({_short(v.lease_epoch)}, now '
                 f'{_short(v.run_id)}) -> exempt: requeued, not counted (stalls {v.stalled}/{v.max_stalled})'
@@ -901,12 +897,11 @@ class Demo:
         with suppress(redis.exceptions.RedisError):
             for key in conn.scan_iter(match=f'*{self.prefix}*', count=1000):
                 conn.delete(key)
-            prefix = keys.PREFIX
             for story in self.stories:
-                conn.srem(f'{prefix}:queues', f'{prefix}:queue:{story.queue_name}')
-            for raw in conn.smembers(f'{prefix}:workers'):  # type: ignore[union-attr]
+                conn.srem(keys.queues_key(), keys.queue_key(story.queue_name))
+            for raw in conn.smembers(keys.workers_key()):  # type: ignore[union-attr]
                 if self.prefix in _text(raw):
-                    conn.srem(f'{prefix}:workers', raw)
+                    conn.srem(keys.workers_key(), raw)
             for member in conn.zrange(keys.finishing_key(), 0, -1):  # type: ignore[union-attr]
                 if self.prefix in _text(member):
                     conn.zrem(keys.finishing_key(), _text(member))

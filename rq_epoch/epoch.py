@@ -21,7 +21,7 @@ import re
 __all__ = ['RUN_ID_LENGTH', 'is_counted', 'is_exempt', 'is_valid_run_id', 'parse_run_id']
 
 RUN_ID_LENGTH = 40
-_RUN_ID_RE = re.compile(r'[0-9a-f]{40}')
+_RUN_ID_RE = re.compile(f'[0-9a-f]{{{RUN_ID_LENGTH}}}')
 
 
 def is_valid_run_id(value: str | bytes | None) -> bool:

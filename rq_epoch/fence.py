@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from . import keys, scripts
+from .compat import text
 from .errors import OutcomeRefused, ServerOutageError
 from .failover import is_outage
 
@@ -90,12 +91,8 @@ class Fence:
         return [self.member, self.execution_id, mode, ncommands, keys.COMMITTED_RECORD_TTL]
 
     def refusal(self, reply: list[Any]) -> OutcomeRefused:
-        reason, detail, holder = (_text(x) for x in reply[1:4])
+        reason, detail, holder = (text(x) for x in reply[1:4])
         return OutcomeRefused(self.job_id, self.execution_id, reason, detail, holder)
-
-
-def _text(value: Any) -> str:
-    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
 
 
 def arm(pipeline: Pipeline, fence: Fence) -> None:
@@ -125,7 +122,7 @@ def arm(pipeline: Pipeline, fence: Fence) -> None:
 
 
 def _name(args: tuple[Any, ...]) -> str:
-    return _text(args[0]).upper() if args else ''
+    return text(args[0]).upper() if args else ''
 
 
 def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:

@@ -34,6 +34,7 @@ from rq.worker import BaseWorker
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import SpawnWorker as RQSpawnWorker
 
+from .errors import RqEpochError
 from .worker import _CONNECTION_ERRORS, Worker
 
 if TYPE_CHECKING:
@@ -160,7 +161,8 @@ class SpawnWorker(Worker, RQSpawnWorker):
 
         def fork_work_horse(self, job: Any, queue: Any) -> None:
             """Spawn a work-horse that rebuilds this worker class, then runs the job as RQ does."""
-            assert self.execution is not None
+            if self.execution is None:
+                raise RqEpochError(f'SpawnWorker {self.name}: no execution prepared for job {job.id}')
             os.environ['RQ_WORKER_ID'] = self.name
             os.environ['RQ_JOB_ID'] = job.id
             os.environ['RQ_EXECUTION_ID'] = self.execution.id

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 from rq.job import JobStatus
 
 from . import keys
+from .compat import text
 from .errors import StalledJobError
 from .job import Job
 
@@ -14,12 +15,6 @@ if TYPE_CHECKING:
     from redis import Redis
 
 __all__ = ['job_history']
-
-
-def _text(raw: Any) -> str:
-    if raw is None:
-        return ''
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
 
 
 def _status(job: Job) -> str:
@@ -63,7 +58,7 @@ def job_history(
                 'expired': float(deadline) <= now,
                 'seconds_left': round(float(deadline) - now, 3),
             }
-    epochs = [e for e in _text(stall_epochs).split(',') if e] if job.stalled else []
+    epochs = [e for e in text(stall_epochs).split(',') if e] if job.stalled else []
     dead_letter = stall_dead is not None and status == JobStatus.FAILED.value
     results = []
     for result in job.results():

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rq.job import Job as RQJob
 
+from .compat import optional_text
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -18,16 +19,8 @@ logger = logging.getLogger('rq_epoch')
 __all__ = ['EpochJobMixin', 'Job', 'stalled_count']
 
 
-def _text(raw: Any) -> str | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bytes):
-        return raw.decode('utf-8', 'replace')
-    return str(raw)
-
-
 def _int(raw: Any, default: int | None) -> int | None:
-    text = _text(raw)
+    text = optional_text(raw)
     if text is None or text == '':
         return default
     try:
@@ -49,7 +42,7 @@ def stalled_count(stalled: Any, status: Any, stall_dead: Any) -> int:
     letter that was requeued by hand, with any tool, starts afresh at 0, even before its
     next grant resets the field in the server.
     """
-    if stall_dead is not None and _text(status) != 'failed':
+    if stall_dead is not None and optional_text(status) != 'failed':
         return 0
     return _int(stalled, 0) or 0
 
@@ -105,8 +98,8 @@ class EpochJobMixin(_MixinBase):
 
     def restore(self, raw_data: Any) -> Any:
         result = super().restore(raw_data)
-        self.lease_epoch = _text(_field(raw_data, 'lease_epoch'))
-        self.lease_execution = _text(_field(raw_data, 'lease_execution'))
+        self.lease_epoch = optional_text(_field(raw_data, 'lease_epoch'))
+        self.lease_execution = optional_text(_field(raw_data, 'lease_execution'))
         # Dead-lettered, then requeued by hand (with any tool): the budget starts afresh,
         # and the next grant resets the counter in the server too.
         self.stalled = stalled_count(

@@ -25,7 +25,7 @@ from rq.utils import import_attribute
 from .errors import ConfigurationError
 from .job import EpochJobMixin, Job
 
-__all__ = ['adopt', 'epoch_job_class', 'is_epoch_job_class']
+__all__ = ['adopt', 'epoch_job_class', 'is_epoch_job_class', 'resolve_job_class']
 
 _lock = threading.Lock()
 #: Epoch variant of each class composed so far.
@@ -82,10 +82,7 @@ def epoch_job_class(job_class: Any = None) -> type[Job]:
     if job_class is None:
         return Job
     if isinstance(job_class, str):
-        try:
-            job_class = import_attribute(job_class)
-        except Exception as exc:  # noqa: BLE001 - any import failure is a configuration error
-            raise ConfigurationError(f'cannot import the job class {job_class!r}: {exc}') from exc
+        job_class = _import(job_class)
     if job_class is RQJob:
         return Job
     if is_epoch_job_class(job_class):
@@ -105,6 +102,31 @@ def epoch_job_class(job_class: Any = None) -> type[Job]:
             composed = meta(job_class.__name__, (EpochJobMixin, job_class), namespace)
             _composed[job_class] = composed
     return composed  # type: ignore[return-value]
+
+
+def _import(path: str) -> Any:
+    try:
+        return import_attribute(path)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a configuration error
+        raise ConfigurationError(f'cannot import the job class {path!r}: {exc}') from exc
+
+
+def resolve_job_class(owner: type, requested: Any = None) -> type[Job]:
+    """The epoch variant of the job class asked for, else of the ``job_class`` attribute of ``owner``.
+
+    What :class:`rq_epoch.Worker` and :class:`rq_epoch.Sweeper` do with their ``job_class``
+    argument, alike. RQ's own Job (what the rq CLI passes when ``--job-class`` is not
+    given) counts as not asked for, so a subclass's ``job_class = MyJob`` is respected
+    under the CLI too.
+
+    Raises:
+        ConfigurationError: the class asked for, or the attribute, is not derived from RQ's Job.
+    """
+    if isinstance(requested, str):
+        requested = _import(requested)
+    if requested is None or requested is RQJob:
+        requested = getattr(owner, 'job_class', None)
+    return epoch_job_class(requested)
 
 
 def adopt(job: T) -> T:

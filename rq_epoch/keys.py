@@ -1,55 +1,90 @@
-"""Names of the keys rq-epoch adds. They follow RQ's key prefix (``RQ_KEY_PREFIX`` in RQ 3)."""
+"""Every key name rq-epoch reads or writes: its own, and RQ's.
+
+Both follow RQ's key prefix (``RQ_KEY_PREFIX`` in RQ 3, fixed ``rq`` in RQ 2). RQ's names are
+spelled here once, not built by hand elsewhere; ``tests/test_key_names.py`` compares each of
+them with RQ's own properties (``Queue.key``, ``Execution.key``, the registries'
+``key_template``...) on every supported RQ version, so an RQ rename fails a test.
+
+Most names are a family, ``<prefix>:<word>:<name>[<suffix>]``: ``job_key(job_id)``,
+``leases_key(queue_name)``... Each family is a :class:`KeyFamily`, called with the name.
+"""
 
 from __future__ import annotations
 
-try:  # RQ 3.0 made the prefix configurable
-    from rq.defaults import RQ_KEY_PREFIX as _RQ_PREFIX
-except ImportError:  # RQ 2.x: fixed prefix
-    _RQ_PREFIX = 'rq'
+from collections.abc import Iterable
+from typing import Any
+
+from .compat import RQ_KEY_PREFIX, text
 
 __all__ = [
     'COMMITTED_RECORD_TTL',
     'PREFIX',
+    'QUEUE_PREFIX',
+    'REGISTRIES',
     'TAKEN_RECORD_TTL',
+    'KeyFamily',
     'committed_key',
+    'execution_key',
     'failed_key',
     'finishing_key',
+    'intermediate_first_seen_key',
     'intermediate_key',
+    'job_dependents_key',
+    'job_executions_key',
     'job_key',
     'leases_key',
     'limbo_key',
     'primaries_key',
     'queue_key',
+    'queue_name_of',
+    'queue_names',
+    'queues_key',
+    'registry_key',
+    'results_key',
     'stats_key',
     'taken_key',
     'wip_key',
+    'worker_executions_key',
+    'worker_key',
+    'workers_key',
 ]
 
-PREFIX: str = _RQ_PREFIX
+PREFIX: str = RQ_KEY_PREFIX
+
+
+class KeyFamily:
+    """The keys ``<prefix>:<word>:<name><suffix>``, one per name: call it with the name."""
+
+    def __init__(self, word: str, suffix: str = '') -> None:
+        self.word = word
+        self.suffix = suffix
+
+    def __call__(self, name: str) -> str:
+        return f'{PREFIX}:{self.word}:{name}{self.suffix}'
+
+    def __repr__(self) -> str:
+        return f'KeyFamily({self.word!r}, {self.suffix!r})'
+
+
+# -- rq-epoch's own keys -------------------------------------------------------------------
+
+#: Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline.
+leases_key = KeyFamily('epoch:leases')
+#: Record that a sweep took the lease ``<job_id>:<execution_id>``: the verdict, with a TTL.
+taken_key = KeyFamily('epoch:taken')
+#: Record that the execution ``<job_id>:<execution_id>``, which held no lease, committed its outcome.
+committed_key = KeyFamily('epoch:committed')
+#: Hash of per-verdict counters of a queue, kept by the sweep.
+stats_key = KeyFamily('epoch:stats')
+#: Hash of first sightings of jobs stuck in RQ's intermediate queue (job id -> server time).
+limbo_key = KeyFamily('epoch:limbo')
 
 #: Seconds the record of a lease taken by a sweep is kept: an execution frozen for longer
 #: than this is still fenced out, but its refusal says "gone" instead of naming the verdict.
 TAKEN_RECORD_TTL = 86400
-
-
-def leases_key(queue_name: str) -> str:
-    """Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline."""
-    return f'{PREFIX}:epoch:leases:{queue_name}'
-
-
-def taken_key(member: str) -> str:
-    """Record that a sweep took the lease ``<job_id>:<execution_id>``: the verdict, with a TTL."""
-    return f'{PREFIX}:epoch:taken:{member}'
-
-
 #: Seconds the record of an unleased execution's commit is kept: longer than any worker
 #: retries an outcome after a connection error.
 COMMITTED_RECORD_TTL = 86400
-
-
-def committed_key(member: str) -> str:
-    """Record that the execution ``<job_id>:<execution_id>``, which held no lease, committed its outcome."""
-    return f'{PREFIX}:epoch:committed:{member}'
 
 
 def finishing_key() -> str:
@@ -57,41 +92,72 @@ def finishing_key() -> str:
     return f'{PREFIX}:epoch:finishing'
 
 
-def stats_key(queue_name: str) -> str:
-    """Hash of per-verdict counters of a queue, kept by the sweep."""
-    return f'{PREFIX}:epoch:stats:{queue_name}'
-
-
-def limbo_key(queue_name: str) -> str:
-    """Hash of first sightings of jobs stuck in RQ's intermediate queue (job id -> server time)."""
-    return f'{PREFIX}:epoch:limbo:{queue_name}'
-
-
-def queue_key(queue_name: str) -> str:
-    """RQ's queue list."""
-    return f'{PREFIX}:queue:{queue_name}'
-
-
-def intermediate_key(queue_name: str) -> str:
-    """RQ's intermediate list of a queue: jobs taken by a worker that has not granted them yet."""
-    return f'{queue_key(queue_name)}:intermediate'
-
-
-def wip_key(queue_name: str) -> str:
-    """RQ's StartedJobRegistry key."""
-    return f'{PREFIX}:wip:{queue_name}'
-
-
-def failed_key(queue_name: str) -> str:
-    """RQ's FailedJobRegistry key."""
-    return f'{PREFIX}:failed:{queue_name}'
-
-
-def job_key(job_id: str) -> str:
-    """RQ's job hash key."""
-    return f'{PREFIX}:job:{job_id}'
-
-
 def primaries_key() -> str:
     """Hash of primary epochs: ``<run_id>:<replid>`` -> first seen as primary (server time) and replicas seen."""
     return f'{PREFIX}:epoch:primaries'
+
+
+# -- RQ's keys -----------------------------------------------------------------------------
+
+#: RQ's queue list (``Queue.key``).
+queue_key = KeyFamily('queue')
+#: RQ's intermediate list of a queue: jobs taken by a worker that has not granted them yet.
+intermediate_key = KeyFamily('queue', ':intermediate')
+#: RQ's job hash (``Job.key``).
+job_key = KeyFamily('job')
+#: RQ's set of the jobs waiting for this one (``Job.dependents_key``).
+job_dependents_key = KeyFamily('job', ':dependents')
+#: RQ's stream of a job's results (``Result.get_key``).
+results_key = KeyFamily('results')
+#: RQ's hash of one execution, named ``<job_id>:<execution_id>`` (``Execution.key``).
+execution_key = KeyFamily('execution')
+#: RQ's registry of a job's executions (``ExecutionRegistry.key``).
+job_executions_key = KeyFamily('executions')
+#: RQ's worker hash (``Worker.key``).
+worker_key = KeyFamily('worker')
+#: RQ 3's set of a worker's running executions (``Worker.executions_key``); RQ 2 has none.
+worker_executions_key = KeyFamily('worker', ':executions')
+
+#: What RQ puts before a queue's name in its key (``Queue.redis_queue_namespace_prefix``).
+QUEUE_PREFIX: str = queue_key('')
+
+#: RQ's job registries of a queue, by the word in their key ``<prefix>:<word>:<queue>``:
+#: Started (``wip``), Failed, Finished, Deferred, Scheduled, Canceled, and RQ 3's Ready.
+REGISTRIES = ('wip', 'failed', 'finished', 'deferred', 'scheduled', 'canceled', 'ready')
+#: RQ's StartedJobRegistry, where rq-epoch's own registry keeps RQ's entries.
+wip_key = KeyFamily('wip')
+#: RQ's FailedJobRegistry, where dead letters go.
+failed_key = KeyFamily('failed')
+
+
+def registry_key(word: str, queue_name: str) -> str:
+    """RQ's job registry of a queue named by ``word``, one of :data:`REGISTRIES` (``BaseRegistry.key``)."""
+    if word not in REGISTRIES:
+        raise ValueError(f'no RQ registry {word!r} (one of {", ".join(REGISTRIES)})')
+    return KeyFamily(word)(queue_name)
+
+
+def intermediate_first_seen_key(queue_name: str, job_id: str) -> str:
+    """RQ's record of when its own cleanup first saw a job in the intermediate list."""
+    return f'{intermediate_key(queue_name)}:first_seen:{job_id}'
+
+
+def queues_key() -> str:
+    """RQ's set of every queue's key (``Queue.redis_queues_keys``)."""
+    return f'{PREFIX}:queues'
+
+
+def workers_key() -> str:
+    """RQ's set of every registered worker's key (``Worker.redis_workers_keys``)."""
+    return f'{PREFIX}:workers'
+
+
+def queue_name_of(key: str) -> str | None:
+    """The queue named by a member of :func:`queues_key`; None for a key that is not a queue's."""
+    return key[len(QUEUE_PREFIX) :] if key.startswith(QUEUE_PREFIX) else None
+
+
+def queue_names(members: Iterable[Any]) -> list[str]:
+    """The queues named by members of :func:`queues_key` as the server returned them, sorted."""
+    names = (queue_name_of(text(member)) for member in members)
+    return sorted(name for name in names if name is not None)

@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
 from . import epoch, keys
+from .compat import optional_text, text
 from .errors import RqEpochError
 from .job import stalled_count
 from .settings import EpochSettings
 from .sweep import PrimaryState, ServerEpoch, primary_state, read_epoch
+from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -69,7 +71,7 @@ DEFAULT_SCAN_LIMIT = 1000
 #: Round trips of one scrape (fewer when there are no queues or no jobs to read).
 ROUND_TRIPS = 4
 #: Verdicts the sweep counts in ``<prefix>:epoch:stats:<queue>`` (deferred leases are not counted).
-SWEPT_VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead')
+SWEPT_VERDICTS = tuple(v.value for v in Verdict if v.judged)
 #: States of ``rq_epoch_leases``.
 LEASE_STATES = ('live', 'expired-counted', 'expired-uncounted', 'deferred', 'expired-stale')
 
@@ -89,15 +91,9 @@ def epoch_age(state: PrimaryState) -> int:
     return int(state.age) if state.is_primary else 0
 
 
-def _text(raw: Any) -> str | None:
-    if raw is None:
-        return None
-    return raw.decode('utf-8', 'replace') if isinstance(raw, bytes) else str(raw)
-
-
 def _number(raw: Any) -> float:
     try:
-        return float(_text(raw) or 0)
+        return float(optional_text(raw) or 0)
     except ValueError:
         return 0.0
 
@@ -144,16 +140,6 @@ class MetricsSnapshot:
         return max(0, self.grace - self.age)
 
 
-def _queue_names(raw: Iterable[Any]) -> list[str]:
-    prefix = f'{keys.PREFIX}:queue:'
-    names = []
-    for member in raw:
-        key = _text(member) or ''
-        if key.startswith(prefix):
-            names.append(key[len(prefix) :])
-    return sorted(names)
-
-
 def read_snapshot(
     connection: Redis,
     *,
@@ -179,14 +165,14 @@ def read_snapshot(
         pipeline.info('replication')
         pipeline.hgetall(keys.primaries_key())
         if not queues:
-            pipeline.smembers(f'{keys.PREFIX}:queues')
+            pipeline.smembers(keys.queues_key())
         head = pipeline.execute()
     seconds, micros = head[0]
     now = float(seconds) + float(micros) / 1e6
     state = primary_state(current, head[1], head[2], now)
     current = replace(current, role=state.role)
     age = epoch_age(state)
-    names = list(dict.fromkeys(queues)) if queues else _queue_names(head[3])
+    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(head[3])
     snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
     if not names:
         return snapshot
@@ -195,7 +181,7 @@ def read_snapshot(
     with connection.pipeline(transaction=False) as pipeline:
         for name in names:
             leases, wip = keys.leases_key(name), keys.wip_key(name)
-            queue_key, failed = f'{keys.PREFIX}:queue:{name}', keys.failed_key(name)
+            queue_key, failed = keys.queue_key(name), keys.failed_key(name)
             pipeline.hgetall(keys.stats_key(name))
             pipeline.zcard(leases)
             pipeline.zcount(leases, '-inf', now)
@@ -214,16 +200,16 @@ def read_snapshot(
             index * per_queue : (index + 1) * per_queue
         ]
         q = QueueMetrics(name=name)
-        counters = {_text(k) or '': v for k, v in stats.items()}
+        counters = {optional_text(k) or '': v for k, v in stats.items()}
         q.verdicts = {verdict: int(_number(counters.get(verdict))) for verdict in SWEPT_VERDICTS}
         q.last_sweep = _number(counters.get('last_sweep'))
         q.refused = int(_number(counters.get('refused')))
         q.leases['live'] = int(n_leases) - int(n_expired)
         q.stock_leases = int(n_stock)
         q.truncated = int(n_leases) > limit or int(n_queued) > limit or int(n_failed) > limit
-        lease_entries = [(_MEMBER_RE.fullmatch(_text(member) or ''), float(score)) for member, score in lease_rows]
-        queued_ids = [_text(x) or '' for x in queued]
-        failed_ids = [_text(x) or '' for x in failed]
+        lease_entries = [(_MEMBER_RE.fullmatch(text(member)), float(score)) for member, score in lease_rows]
+        queued_ids = [text(x) for x in queued]
+        failed_ids = [text(x) for x in failed]
         for match, _ in lease_entries:
             if match:
                 job_ids[match.group(1)] = None
@@ -241,7 +227,7 @@ def read_snapshot(
         for job_id, row in zip(ids, rows, strict=True):
             if isinstance(row, Exception) or row[0] is None:  # not a hash, or gone
                 continue
-            jobs[job_id] = tuple(_text(value) for value in row)
+            jobs[job_id] = tuple(optional_text(value) for value in row)
 
     for q, lease_entries, queued_ids, failed_ids in seen:
         stalled: set[str] = set()

@@ -12,8 +12,7 @@ from .job import Job
 if TYPE_CHECKING:
     from redis.client import Pipeline
     from rq.executions import Execution
-
-    from .sweep import SweepReport
+    from rq.job import Job as RQJob
 
 __all__ = ['StartedJobRegistry']
 
@@ -37,8 +36,6 @@ class StartedJobRegistry(RQStartedJobRegistry):
         self.leases_key = keys.leases_key(self.name)
         #: Index, in the pipeline, of the extend script queued by the last heartbeat.
         self.extend_index: int | None = None
-        #: Report of the last :meth:`cleanup`.
-        self.last_report: SweepReport | None = None
 
     def add_execution(self, execution: Execution, pipeline: Pipeline, ttl: int = 0, xx: bool = False) -> int:
         """Register an execution: RQ's entry with no expiry, and the stamped lease.
@@ -64,20 +61,22 @@ class StartedJobRegistry(RQStartedJobRegistry):
         """
         return [self.leases_key, keys.job_key(job_id), keys.intermediate_key(self.name), keys.limbo_key(self.name)]
 
-    def remove_execution(self, execution: Execution, *args: Any, **kwargs: Any) -> None:
+    def remove_execution(
+        self,
+        execution: Execution,
+        job: RQJob | None = None,
+        pipeline: Pipeline | None = None,
+        delete_job: bool = False,
+    ) -> None:
         """Remove RQ's entry and the lease of an execution that ended."""
-        pipeline = kwargs.get('pipeline')
-        if pipeline is None and len(args) >= 2:
-            pipeline = args[1]
-        super().remove_execution(execution, *args, **kwargs)
+        super().remove_execution(execution, job=job, pipeline=pipeline, delete_job=delete_job)
         connection = pipeline if pipeline is not None else self.connection
         connection.zrem(self.leases_key, execution.composite_key)
 
     def cleanup(self, timestamp: float | None = None, exception_handlers: list | None = None) -> None:
         """Run the epoch-aware sweep on this queue (instead of RQ's abandoned-job cleanup).
 
-        ``timestamp`` is ignored: expiry is judged by the server clock. The report is kept
-        in :attr:`last_report`.
+        ``timestamp`` is ignored: expiry is judged by the server clock.
         """
         from .sweep import Sweeper
 
@@ -87,4 +86,4 @@ class StartedJobRegistry(RQStartedJobRegistry):
             serializer=self.serializer,
             exception_handlers=exception_handlers,
         )
-        self.last_report = sweeper.sweep([self.name])
+        sweeper.sweep([self.name])

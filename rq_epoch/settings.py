@@ -2,19 +2,19 @@
 
 Constructor arguments override the environment; the environment overrides the defaults.
 
-=============================  =======  ==================================================
-variable                       default  meaning
-=============================  =======  ==================================================
-``RQ_EPOCH_MAX_STALLED``       3        counted stalls a job may have; the last one kills it
-``RQ_EPOCH_HEARTBEAT_INTERVAL`` 10      seconds between heartbeats (RQ's job monitoring;
-                                        a ``--job-monitoring-interval`` other than RQ's
-                                        default 30 is followed instead)
-``RQ_EPOCH_LEASE_MARGIN``      20       seconds a lease outlives its last heartbeat
-``RQ_EPOCH_SWEEP_INTERVAL``    5        seconds between a worker's own sweeps
-``RQ_EPOCH_RESTART_GRACE``     (auto)   seconds after a server start before uncounted
-                                        leases are swept; default heartbeat + margin
-``RQ_EPOCH_BATCH_SIZE``        30       leases judged per sweep script call
-=============================  =======  ==================================================
+===============================  =======  ====================================================
+variable                         default  meaning
+===============================  =======  ====================================================
+``RQ_EPOCH_MAX_STALLED``         3        counted stalls a job may have; the last one kills it
+``RQ_EPOCH_HEARTBEAT_INTERVAL``  10       seconds between heartbeats (RQ's job monitoring;
+                                          a ``--job-monitoring-interval`` other than RQ's
+                                          default 30 is followed instead)
+``RQ_EPOCH_LEASE_MARGIN``        20       seconds a lease outlives its last heartbeat
+``RQ_EPOCH_SWEEP_INTERVAL``      5        seconds between a worker's own sweeps
+``RQ_EPOCH_RESTART_GRACE``       (auto)   seconds after a server start before uncounted
+                                          leases are swept; default heartbeat + margin
+``RQ_EPOCH_BATCH_SIZE``          30       leases judged per sweep script call
+===============================  =======  ====================================================
 
 With the defaults a worker that dies is detected within one lease (30 s) plus one sweep
 interval (5 s) by any other worker on its queue, and the job runs again at once. The price is

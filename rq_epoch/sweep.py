@@ -12,25 +12,25 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 from redis.exceptions import NoPermissionError, ResponseError, WatchError
 from rq.defaults import DEFAULT_FAILURE_TTL
-from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import resolve_serializer
 from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 from rq.utils import now
 
-from . import epoch, keys, scripts
+from . import compat, epoch, keys, scripts
+from .compat import text
 from .errors import EpochUnavailableError, StalledJobError
 from .job import Job
-from .jobclass import epoch_job_class
+from .jobclass import resolve_job_class
 from .queue import Queue
 from .settings import EpochSettings
+from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
 
 __all__ = [
-    'VERDICTS',
     'LeaseVerdict',
     'PrimaryState',
     'ServerEpoch',
@@ -41,19 +41,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger('rq_epoch')
-
-#: Every verdict the sweep gives, in the order reports list them.
-VERDICTS = ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead', 'deferred')
-
-_LOG_LEVELS = {
-    'ghost': logging.INFO,
-    'corrupt': logging.WARNING,
-    'settled': logging.INFO,
-    'exempt': logging.INFO,
-    'recovered': logging.WARNING,
-    'dead': logging.ERROR,
-    'deferred': logging.DEBUG,
-}
 
 
 @dataclass(frozen=True)
@@ -166,11 +153,11 @@ def primary_state(current: ServerEpoch, info: dict[str, Any], entries: dict[Any,
             if value.get('state') == 'online' and int(value.get('lag', 0) or 0) <= REPLICA_MAX_LAG:
                 online += 1
     field_name = f'{current.run_id}:{info.get("master_replid", "")}'
-    entry = next((value for name, value in entries.items() if _text(name) == field_name), None)
+    entry = next((value for name, value in entries.items() if text(name) == field_name), None)
     first, expected = 0.0, 0
     if entry:
         try:
-            first_text, expected_text = _text(entry).split(' ', 1)
+            first_text, expected_text = text(entry).split(' ', 1)
             first, expected = float(first_text), int(expected_text)
         except ValueError:
             first, expected = 0.0, 0
@@ -186,7 +173,7 @@ class LeaseVerdict:
     queue: str
     member: str
     job_id: str
-    verdict: str
+    verdict: Verdict
     stalled: int
     max_stalled: int
     lease_epoch: str
@@ -195,7 +182,7 @@ class LeaseVerdict:
     @property
     def counted(self) -> bool:
         """True when this verdict counted a stall (recovered or dead)."""
-        return self.verdict in ('recovered', 'dead')
+        return self.verdict.counted
 
 
 @dataclass
@@ -219,12 +206,12 @@ class SweepReport:
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of leases per verdict (every verdict listed, zeros included)."""
         counter = Counter(v.verdict for v in self.verdicts if queue is None or v.queue == queue)
-        return {name: counter.get(name, 0) for name in VERDICTS}
+        return {verdict.value: counter.get(verdict, 0) for verdict in Verdict}
 
     @property
     def total(self) -> int:
         """Leases given a verdict (deferred ones excluded)."""
-        return sum(1 for v in self.verdicts if v.verdict != 'deferred')
+        return sum(1 for v in self.verdicts if v.verdict.judged)
 
     def by_job(self, job_id: str) -> list[LeaseVerdict]:
         return [v for v in self.verdicts if v.job_id == job_id]
@@ -258,10 +245,6 @@ class SweepReport:
         }
 
 
-def _text(value: Any) -> str:
-    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
-
-
 class Sweeper:
     """Runs the epoch-aware sweep over queues and finishes the jobs it dead-letters.
 
@@ -272,8 +255,9 @@ class Sweeper:
     :meth:`log_verdict`, :meth:`log_dead_letter`, and :meth:`before_finish` (called after a script returned, before
     the side effects of its dead letters run; the tests use it to kill a sweeper there).
 
-    ``job_class`` may be any class derived from RQ's Job; the sweep uses its epoch variant
-    (see :func:`rq_epoch.epoch_job_class`).
+    ``job_class`` (the argument, else the class attribute) may be any class derived from
+    RQ's Job; the sweep uses its epoch variant, and refuses any other class as the worker
+    does (see :func:`rq_epoch.jobclass.resolve_job_class`).
     """
 
     job_class: type[Job] = Job
@@ -309,8 +293,7 @@ class Sweeper:
             batch_size=batch_size if batch_size is not None else base.batch_size,
         )
         self.connection = connection
-        if job_class is not None:
-            self.job_class = epoch_job_class(job_class)
+        self.job_class = resolve_job_class(type(self), job_class)
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl
@@ -381,13 +364,13 @@ class Sweeper:
             report.run_id, report.uptime = self._last_run_id, self._last_uptime
             report.primary = self._last_primary
             report.verdicts.extend(verdicts)
-            judged = sum(1 for v in verdicts if v.verdict != 'deferred')
+            judged = sum(1 for v in verdicts if v.verdict.judged)
             if progress is not None and verdicts:
                 progress(len(verdicts))
             for verdict in verdicts:
                 if not dry_run:
                     self.log_verdict(verdict)
-            if any(v.verdict == 'dead' for v in verdicts) and not dry_run:
+            if any(v.verdict is Verdict.DEAD for v in verdicts) and not dry_run:
                 self.before_finish(verdicts)
             if not more or (not dry_run and judged == 0):
                 break
@@ -449,12 +432,12 @@ class Sweeper:
                 keys.TAKEN_RECORD_TTL,
             ],
         )
-        run_id = _text(result[0])
+        run_id = text(result[0])
         self._last_run_id, self._last_uptime = run_id, int(result[1])
         more = int(result[3]) == 1
         count = int(result[4])
         rows = result[5 : 5 + 7 * count]
-        tail = [_text(x) for x in result[5 + 7 * count : 5 + 7 * count + 5]]
+        tail = [text(x) for x in result[5 + 7 * count : 5 + 7 * count + 5]]
         if len(tail) == 5:
             self._last_primary = PrimaryState(
                 role=tail[0],
@@ -466,14 +449,14 @@ class Sweeper:
         verdicts = []
         for i in range(count):
             member, job_id, verdict, stalled, max_stalled, lease_epoch, _origin = (
-                _text(x) for x in rows[i * 7 : i * 7 + 7]
+                text(x) for x in rows[i * 7 : i * 7 + 7]
             )
             verdicts.append(
                 LeaseVerdict(
                     queue=name,
                     member=member,
                     job_id=job_id,
-                    verdict=verdict,
+                    verdict=Verdict(verdict),
                     stalled=int(stalled),
                     max_stalled=int(max_stalled),
                     lease_epoch=lease_epoch,
@@ -485,7 +468,7 @@ class Sweeper:
     def log_verdict(self, verdict: LeaseVerdict) -> None:
         """Log one line per verdict on the ``rq_epoch`` logger."""
         logger.log(
-            _LOG_LEVELS.get(verdict.verdict, logging.INFO),
+            verdict.verdict.level,
             'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s',
             verdict.job_id or '-',
             verdict.queue,
@@ -510,7 +493,7 @@ class Sweeper:
             )
             if not claimed:
                 break
-            done.extend(self.finish_many([_text(raw) for raw in claimed]))
+            done.extend(self.finish_many([text(raw) for raw in claimed]))
         if report is not None:
             report.finished.extend(done)
         return done
@@ -522,39 +505,13 @@ class Sweeper:
         """
         if epochs is None:
             epochs = self.connection.hget(job.key, 'stall_epochs')
-        epoch_list = _text(epochs).split(',') if epochs else [job.lease_epoch or '']
+        epoch_list = text(epochs).split(',') if epochs else [job.lease_epoch or '']
         unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
         return (
             f'{StalledJobError.__name__}: job stalled {job.stalled} time(s) (max_stalled {max_stalled}): '
             f'its workers went away while the server stayed up; '
             f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {now().isoformat()}'
         )
-
-    def finish(self, member: str) -> bool:
-        """Side effects of one dead letter: callback, dependents, then the failure Result.
-
-        The callback and dependents run first; the Result is written in the same
-        transaction that removes the finishing entry, so it exists exactly once.
-        """
-        queue_name, job_id = member.split('|', 1)
-        finishing = keys.finishing_key()
-        try:
-            job = cast(Job, self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer))
-        except NoSuchJobError:
-            self.connection.zrem(finishing, member)
-            return False
-        if job.get_status(refresh=False) != JobStatus.FAILED:
-            # Someone requeued it by hand before we finished: its death is moot.
-            self.connection.zrem(finishing, member)
-            return False
-        max_stalled = job.max_stalled or self.settings.max_stalled
-        reason = self.failure_reason(job, max_stalled)
-        self._side_effects(job, queue_name, reason, has_dependents=True)
-        if not self._record_failure(job, member, reason):
-            return False
-        self._after_failure(job, reason)
-        self.log_dead_letter(job, queue_name, reason)
-        return True
 
     def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
         """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
@@ -567,7 +524,7 @@ class Sweeper:
         callbacks and handlers run per job, dependents only for jobs that have some; one
         transaction then writes every failure Result and removes the finishing entries,
         so each Result exists exactly once. If another sweeper touches the finishing set
-        meanwhile, the batch falls back to :meth:`finish`-style writes, job by job.
+        meanwhile, the batch falls back to one transaction per job.
         """
         finishing = keys.finishing_key()
         ids = [m.split('|', 1)[1] for m in members]
@@ -575,7 +532,7 @@ class Sweeper:
         with self.connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
                 pipe.hget(keys.job_key(job_id), 'stall_epochs')
-                pipe.exists(f'{keys.PREFIX}:job:{job_id}:dependents')
+                pipe.exists(keys.job_dependents_key(job_id))
             extra = pipe.execute()
         ready: list[tuple[str, Job, str]] = []
         moot = []
@@ -640,12 +597,7 @@ class Sweeper:
 
     def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
         try:
-            try:
-                from rq.callbacks import execute_failure_callback  # RQ 3
-            except ImportError:  # RQ 2.x
-                cast(Any, job).execute_failure_callback(self.death_penalty_class, StalledJobError, error, None)
-            else:
-                execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
+            compat.execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
         except Exception:
             logger.exception('sweep: on_failure callback of job %s raised', job.id)
 
@@ -653,8 +605,7 @@ class Sweeper:
     def _queue_failure(pipeline: Any, job: Job, member: str, reason: str) -> None:
         """Queue RQ's failure bookkeeping (status, registry, Result) and drop the finishing entry."""
         job.ended_at = now()
-        job.set_status(JobStatus.FAILED, pipeline=pipeline)
-        job._handle_failure(reason, pipeline)
+        compat.record_job_failure(job, reason, pipeline)
         pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
         pipeline.zrem(keys.finishing_key(), member)
 
@@ -676,14 +627,9 @@ class Sweeper:
 
     def _after_failure(self, job: Job, reason: str) -> None:
         try:
-            from rq.rate_limit import release_slot  # RQ 3
-        except ImportError:
-            pass
-        else:
-            try:
-                release_slot(job)
-            except Exception:
-                logger.exception('sweep: could not release the rate-limit slot of job %s', job.id)
+            compat.release_rate_limit_slot(job)
+        except Exception:
+            logger.exception('sweep: could not release the rate-limit slot of job %s', job.id)
         send = getattr(job, 'send_webhooks', None)
         if send is not None:
             try:

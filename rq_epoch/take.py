@@ -38,6 +38,7 @@ from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.utils import get_version
 
 from . import scripts
+from .compat import text
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -56,10 +57,6 @@ INVALIDATE_CHANNEL = '__redis__:invalidate'
 #: a primary lost by its replica, a dataset loading): the take becomes a connection error,
 #: which RQ's dequeue loop rides out with backoff, instead of an error that ends the worker.
 _OUTAGE_REPLIES = frozenset({'READONLY', 'NOREPLICAS', 'MASTERDOWN', 'LOADING'})
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _dedicated_connection(pool: ConnectionPool) -> AbstractConnection:
@@ -217,7 +214,7 @@ class Taker:
         index = int(reply[0])
         if index == 0:
             return None
-        queue, job_id = queues[index - 1], _text(reply[1])
+        queue, job_id = queues[index - 1], text(reply[1])
         self.taken(queue, job_id)
         return queue, job_id
 

@@ -2,77 +2,45 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
-from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
-from rq.utils import import_attribute, now
+from rq.utils import now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
-from . import keys, scripts
+from . import compat, keys, scripts
+from .compat import text
 from .errors import OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
 from .fence import Fence, arm
 from .job import EpochJobMixin, Job
-from .jobclass import adopt, epoch_job_class
+from .jobclass import adopt, resolve_job_class
 from .registry import StartedJobRegistry
 from .settings import EpochSettings
 from .sweep import Sweeper, SweepReport, read_epoch
 from .take import Taker
 
 if TYPE_CHECKING:
+    from redis import Redis
+    from redis.client import Pipeline, PubSub, PubSubWorkerThread
     from rq.executions import Execution
+    from rq.queue import Queue as RQQueue
 
 __all__ = ['Worker']
 
-_rate_limit_registry: Any = None
-try:  # RQ 3: dependents moved to "ready" whose push onto the queue was interrupted
-    from rq.rate_limit import RateLimitRegistry as _rate_limit_registry
-    from rq.registry import ReadyJobRegistry
-
-    _MAINTAINED_REGISTRIES: tuple[Any, ...] = (
-        FinishedJobRegistry,
-        FailedJobRegistry,
-        DeferredJobRegistry,
-        ReadyJobRegistry,
-    )
-except ImportError:  # RQ 2.x enqueues dependents inside the parent's own transaction
-    _MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
-
-#: RQ 3's get_heartbeat_ttl takes the job's working time; RQ 2's does not.
-_TTL_TAKES_WORKING_TIME = 'working_time' in inspect.signature(RQWorker.get_heartbeat_ttl).parameters
-
-#: RQ 3's cleanup_execution is told the execution; RQ 2's uses the worker's current one.
-_CLEANUP_TAKES_EXECUTION = 'execution' in inspect.signature(RQWorker.cleanup_execution).parameters
+T = TypeVar('T')
 
 _CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _worker_job_class(worker_class: type, requested: Any) -> type[Job]:
-    """The epoch variant of the job class asked for, else of the worker class's ``job_class``.
-
-    RQ's own Job (what the rq CLI passes when ``--job-class`` is not given) counts as not
-    asked for, so a subclass's ``job_class = MyJob`` is respected under the CLI too.
-    """
-    if isinstance(requested, str):
-        requested = import_attribute(requested)
-    if requested is None or requested is RQJob:
-        requested = getattr(worker_class, 'job_class', None)
-    return epoch_job_class(requested)
 
 
 class Worker(RQWorker):
@@ -115,7 +83,7 @@ class Worker(RQWorker):
             restart_grace=restart_grace,
             batch_size=batch_size,
         )
-        kwargs['job_class'] = _worker_job_class(type(self), kwargs.get('job_class'))
+        kwargs['job_class'] = resolve_job_class(type(self), kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
         if (
             heartbeat_interval is None
@@ -205,7 +173,7 @@ class Worker(RQWorker):
         if self.primary_watch is not None:
             self.primary_watch.refresh()
 
-    def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
+    def _pubsub_exception_handler(self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread) -> None:
         """RQ's handler, quiet and quick when the connection was closed to follow a new primary."""
         watch = self.primary_watch
         if isinstance(exc, redis.exceptions.ConnectionError) and watch is not None and watch.moved_recently(10):
@@ -232,7 +200,7 @@ class Worker(RQWorker):
 
     # -- leases ----------------------------------------------------------------------
 
-    def get_heartbeat_ttl(self, job: Any, working_time: float = 0.0) -> int:
+    def get_heartbeat_ttl(self, job: RQJob, working_time: float = 0.0) -> int:
         """Seconds the lease lasts past this heartbeat: the interval plus the lease margin."""
         interval = self.epoch_settings.heartbeat_interval
         if job.timeout and job.timeout > 0:
@@ -241,7 +209,7 @@ class Worker(RQWorker):
             interval = max(1, int(min(job.timeout - working_time, interval)))
         return interval + self.epoch_settings.lease_margin
 
-    def prepare_execution(self, job: Any) -> Execution:
+    def prepare_execution(self, job: RQJob) -> Execution:
         """Start an execution as RQ does; the grant script rides in RQ's transaction.
 
         The job object then carries the execution's :class:`~rq_epoch.fence.Fence` (the
@@ -265,22 +233,22 @@ class Worker(RQWorker):
                 registry.grant_keys(job.id),
                 [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
             )
-        job.fence = Fence(job.origin, job.id, execution.id)
+        cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
         return execution
 
-    def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
+    def perform_job(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> bool:
         """Run the job as RQ does (in the work-horse, or in-process), as the execution that holds its lease.
 
         A job object without the epoch behaviour is given it, and one that does not carry
         its execution's fence yet (a spawned work-horse fetched it anew) is given it.
         """
-        adopt(job)
+        leased = cast(EpochJobMixin, adopt(job))
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
-        if job.fence is None and execution is not None and execution.job_id == job.id:
-            job.fence = Fence(job.origin, job.id, execution.id)
+        if leased.fence is None and execution is not None and execution.job_id == job.id:
+            leased.fence = Fence(job.origin, job.id, execution.id)
         return bool(super().perform_job(job, queue, *args, **kwargs))
 
-    def prepare_job_execution(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def prepare_job_execution(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """RQ's preparation in the work-horse (status "started"), riding out a server outage.
 
         The job has not run yet: a connection error here must not fail it. RQ's writes are
@@ -288,17 +256,9 @@ class Worker(RQWorker):
         the worker keeps heartbeating and stops this horse if a sweep takes the lease.
         """
         give_up = time.monotonic() + self.outcome_retry_limit
-        delay = 0.1
-        while True:
-            try:
-                return super().prepare_job_execution(job, *args, **kwargs)
-            except _CONNECTION_ERRORS:
-                if time.monotonic() + delay > give_up:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
+        self.with_backoff(lambda: super(Worker, self).prepare_job_execution(job, *args, **kwargs), give_up)
 
-    def maintain_heartbeats(self, job: Any, execution: Execution | None = None) -> None:
+    def maintain_heartbeats(self, job: RQJob, execution: Execution | None = None) -> None:
         """Heartbeat the worker, the execution and the job, and extend the stamped lease.
 
         One round trip, as RQ's own heartbeat. A server outage is ridden out: attempts are
@@ -312,17 +272,12 @@ class Worker(RQWorker):
             return
         adopt(job)
         deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
-        delay = 0.1
-        while True:
-            try:
-                extended, run_id, taken = self._heartbeat_lease(job, execution)
-                break
-            except _CONNECTION_ERRORS as exc:
-                self._server_unreachable(exc)
-                if time.monotonic() + delay > deadline:
-                    return
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
+        try:
+            extended, run_id, taken = self.with_backoff(
+                lambda: self._heartbeat_lease(job, execution), deadline, lambda exc, _: self._server_unreachable(exc)
+            )
+        except _CONNECTION_ERRORS:
+            return  # the next heartbeat goes on trying
         self._server_reachable(run_id)
         if not extended and taken:
             # A sweep took this execution's lease (its record names this execution). A
@@ -331,14 +286,16 @@ class Worker(RQWorker):
             self._lease_lost(job, taken)
         self._sweep_if_due()
 
-    def _heartbeat_lease(self, job: Any, execution: Execution, connection: Any = None) -> tuple[bool, str, str]:
+    def _heartbeat_lease(
+        self, job: RQJob, execution: Execution, connection: Redis | None = None
+    ) -> tuple[bool, str, str]:
         """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease).
 
         ``connection``: the client to send it with (a lease keeper thread has its own).
         """
         connection = connection if connection is not None else self.connection
         worker_ttl = self.job_monitoring_interval + 60
-        if _TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
+        if compat.HEARTBEAT_TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
             working_time = (now() - job.started_at).total_seconds() if job.started_at else 0.0
             ttl = int(self.get_heartbeat_ttl(job, working_time=working_time))
         else:
@@ -372,16 +329,19 @@ class Worker(RQWorker):
                 pipeline.expire(self.key, worker_ttl)
             if len(pipeline):
                 pipeline.execute()
-        assert extend_result is not None
+        if extend_result is None:
+            raise RqEpochError(
+                f'the heartbeat of job {job.id} carried no lease extension: its registry is not '
+                "rq-epoch's StartedJobRegistry (a job class without the epoch behaviour?)"
+            )
         extended = bool(int(extend_result[0]))
-        return extended, _text(extend_result[1]), _text(extend_result[3])
+        return extended, text(extend_result[1]), text(extend_result[3])
 
     def _server_unreachable(self, exc: Exception) -> None:
         if self._server_lost_at is None:
             self._server_lost_at = time.monotonic()
             self.log.warning(
-                'Worker %s: server unreachable (%s); keeping the work-horse running and retrying '
-                '(last epoch %s)',
+                'Worker %s: server unreachable (%s); keeping the work-horse running and retrying (last epoch %s)',
                 self.name,
                 exc,
                 self._known_run_id,
@@ -412,7 +372,7 @@ class Worker(RQWorker):
                 pass
         self._known_run_id = run_id
 
-    def _lease_lost(self, job: Any, verdict: str) -> None:
+    def _lease_lost(self, job: RQJob, verdict: str) -> None:
         self._lost_lease_job_ids.add(job.id)
         self.log.warning(
             'Worker %s: a sweep took the lease of job %s (verdict %s) while this worker could not '
@@ -425,7 +385,7 @@ class Worker(RQWorker):
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def cleanup_execution(self, job: Any, pipeline: Any, *args: Any, **kwargs: Any) -> None:
+    def cleanup_execution(self, job: RQJob, pipeline: Pipeline, *args: Any, **kwargs: Any) -> None:
         """Remove the execution as RQ does, and fence the outcome transaction it is part of.
 
         Every outcome path of RQ (success, failure, retry, stop, a dead work-horse) calls
@@ -438,7 +398,7 @@ class Worker(RQWorker):
             # go of the execution the first time round. The pipeline remembers it.
             execution = pipeline.__dict__.get('_rq_epoch_execution')
             if execution is not None and execution.job_id == job.id:
-                if _CLEANUP_TAKES_EXECUTION:
+                if compat.CLEANUP_TAKES_EXECUTION:
                     kwargs['execution'] = execution
                 else:
                     self.execution = execution
@@ -447,7 +407,7 @@ class Worker(RQWorker):
             pipeline.__dict__['_rq_epoch_execution'] = execution
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
-    def handle_job_failure(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Fail (or retry, or stop) a job as RQ does, fenced; rides out a server outage.
 
         A job whose lease this worker saw a sweep take is not failed at all: it is not ours.
@@ -458,18 +418,18 @@ class Worker(RQWorker):
             return
         self.write_outcome(job, 'failure', lambda: super(Worker, self).handle_job_failure(job, *args, **kwargs))
 
-    def handle_job_success(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def handle_job_success(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Record a success as RQ does, fenced; rides out a server outage."""
         self.write_outcome(job, 'success', lambda: super(Worker, self).handle_job_success(job, *args, **kwargs))
 
-    def handle_job_retry(self, job: Any, *args: Any, **kwargs: Any) -> None:
+    def handle_job_retry(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
         self.write_outcome(job, 'retry', lambda: super(Worker, self).handle_job_retry(job, *args, **kwargs))
 
-    def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
+    def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
         self.write_outcome(job, 'end', lambda: super(Worker, self).handle_execution_ended(job, queue, heartbeat_ttl))
 
-    def write_outcome(self, job: Any, what: str, write: Any) -> None:
+    def write_outcome(self, job: RQJob, what: str, write: Callable[[], object]) -> None:
         """Run ``write`` (RQ's recording of a job's outcome), fenced, riding out a server outage.
 
         The commit inside ``write`` is fenced (see :meth:`cleanup_execution`): if this
@@ -481,43 +441,39 @@ class Worker(RQWorker):
         """
         adopt(job)
         give_up = time.monotonic() + self.outcome_retry_limit
-        delay = 0.1
-        attempt = 0
-        self._follow_primary()
-        while True:
-            try:
-                write()
-                if attempt:
-                    self.log.warning(
-                        'Worker %s: server back; %s of job %s recorded after %d attempt(s)',
-                        self.name,
-                        what,
-                        job.id,
-                        attempt + 1,
-                    )
-                return
-            except OutcomeRefused as refusal:
-                if attempt and refusal.reason == 'gone':
-                    self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-                else:
-                    self.outcome_refused(job, what, refusal)
-                return
-            except _CONNECTION_ERRORS as exc:
-                if attempt == 0:
-                    self.log.warning(
-                        'Worker %s: server unreachable while recording the %s of job %s (%s); retrying',
-                        self.name,
-                        what,
-                        job.id,
-                        exc,
-                    )
-                attempt += 1
-                if time.monotonic() + delay > give_up:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_backoff())
+        failures = 0
 
-    def outcome_refused(self, job: Any, what: str, refusal: OutcomeRefused) -> None:
+        def unreachable(exc: Exception, attempt: int) -> None:
+            nonlocal failures
+            failures = attempt + 1
+            if attempt == 0:
+                self.log.warning(
+                    'Worker %s: server unreachable while recording the %s of job %s (%s); retrying',
+                    self.name,
+                    what,
+                    job.id,
+                    exc,
+                )
+
+        self._follow_primary()
+        try:
+            self.with_backoff(write, give_up, unreachable)
+        except OutcomeRefused as refusal:
+            if failures and refusal.reason == 'gone':
+                self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
+            else:
+                self.outcome_refused(job, what, refusal)
+            return
+        if failures:
+            self.log.warning(
+                'Worker %s: server back; %s of job %s recorded after %d attempt(s)',
+                self.name,
+                what,
+                job.id,
+                failures + 1,
+            )
+
+    def outcome_refused(self, job: RQJob, what: str, refusal: OutcomeRefused) -> None:
         """Report an outcome the fence refused: one WARNING line (the server counted it)."""
         if isinstance(job, EpochJobMixin):
             job.outcome_refused = True
@@ -530,14 +486,39 @@ class Worker(RQWorker):
             refusal.describe(),
         )
 
-    def _outcome_landed(self, job: Any) -> bool:
+    def _outcome_landed(self, job: RQJob) -> bool:
         status = self.connection.hget(job.key, 'status')
         return status is None or status != b'started'
 
     def _max_backoff(self) -> float:
         return float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval)))
 
-    def monitor_work_horse(self, job: Any, queue: Any, *args: Any) -> None:
+    def with_backoff(
+        self,
+        call: Callable[[], T],
+        give_up: float,
+        on_error: Callable[[Exception, int], None] | None = None,
+    ) -> T:
+        """Return ``call()``, tried again on a connection error until the monotonic time ``give_up``.
+
+        Waits 0.1 s after the first failure, doubling up to one heartbeat interval (at most
+        RQ's ``max_connection_wait_time``). ``on_error`` is told each failure and its
+        attempt number (from 0). The last connection error is raised when the next wait would
+        end past ``give_up``; any other exception is raised at once.
+        """
+        delay, attempt = 0.1, 0
+        while True:
+            try:
+                return call()
+            except _CONNECTION_ERRORS as exc:
+                if on_error is not None:
+                    on_error(exc, attempt)
+                if time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+                delay, attempt = min(delay * 2, self._max_backoff()), attempt + 1
+
+    def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
 
         When the horse died and the server is unreachable at that moment, its failure is
@@ -558,7 +539,7 @@ class Worker(RQWorker):
                 lambda: None if self._outcome_landed(job) else super(Worker, self).handle_job_failure(job, **kwargs),
             )
 
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
         if pipeline is not None:
             return super().heartbeat(timeout, pipeline=pipeline)
@@ -599,7 +580,7 @@ class Worker(RQWorker):
             )
         scheduler.acquire_locks(auto_start=True)
 
-    def set_state(self, state: str, pipeline: Any = None) -> None:
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         if pipeline is not None:
             return super().set_state(state, pipeline=pipeline)
         try:
@@ -607,7 +588,7 @@ class Worker(RQWorker):
         except _CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
-    def set_current_job_working_time(self, working_time: float, pipeline: Any = None) -> None:
+    def set_current_job_working_time(self, working_time: float, pipeline: Pipeline | None = None) -> None:
         """RQ 2's working-time bookkeeping (called while monitoring); rides out an outage."""
         if pipeline is not None:
             return super().set_current_job_working_time(working_time, pipeline=pipeline)  # type: ignore[misc]
@@ -636,7 +617,9 @@ class Worker(RQWorker):
             self._taker = self.taker_class(self.connection, log=self.log)
         return self._taker
 
-    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[RQJob, RQQueue] | None:
         """RQ's dequeue loop, taking each job with rq-epoch's take instead of RQ's ``BLPOP``.
 
         A worker on several queues takes a job, in its dequeue order, into that queue's
@@ -679,16 +662,31 @@ class Worker(RQWorker):
             self._server_unreachable(exc)
 
     def clean_registries(self) -> None:
-        """RQ's registry maintenance, with the epoch-aware sweep for started jobs."""
+        """RQ's registry maintenance, with the epoch-aware sweep for started jobs.
+
+        Where it deliberately differs from RQ's ``Worker.clean_registries`` (and
+        ``rq.registry.clean_registries``):
+
+        * RQ's ``StartedJobRegistry.cleanup`` is not called: it would fail every expired
+          execution as abandoned. :meth:`sweep` judges them instead, over all this worker's
+          queues, outside the maintenance lock (each lease gets exactly one verdict however
+          many sweeps run).
+        * RQ's ``IntermediateQueue.cleanup`` is not called: it fails a job left in the
+          intermediate list for a minute by the worker's clock. The sweep script rescues such
+          jobs by the server's clock after one lease length, requeueing them.
+        * The other registries (finished, failed, deferred, RQ 3's ready and rate-limit
+          ones, see :data:`rq_epoch.compat.MAINTAINED_REGISTRIES`) and the worker registry
+          are cleaned as RQ does, under RQ's per-queue maintenance lock.
+        """
         for queue in self.queues:
             if queue.acquire_maintenance_lock():
                 self.log.info('Worker %s: cleaning registries for queue: %s', self.name, queue.name)
-                for registry_class in _MAINTAINED_REGISTRIES:
+                for registry_class in compat.MAINTAINED_REGISTRIES:
                     registry_class(
                         queue.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer
                     ).cleanup()
-                if _rate_limit_registry is not None:
-                    for rate_limit_registry in _rate_limit_registry.all(self.connection):
+                if compat.RateLimitRegistry is not None:
+                    for rate_limit_registry in compat.RateLimitRegistry.all(self.connection):
                         rate_limit_registry.cleanup()
                 clean_worker_registry(queue)
                 queue.release_maintenance_lock()

@@ -5,6 +5,7 @@ starts holds a lease, whatever its class."""
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 import redis
@@ -69,6 +70,43 @@ def test_a_worker_subclass_job_class_attribute_is_respected(conn: redis.Redis) -
     assert TracedWorker(['default'], connection=conn, job_class='rq.job.Job').job_class is variant
     worker = TracedWorker([StockQueue('default', connection=conn)], connection=conn)
     assert worker.queues[0].job_class is StockJob  # the caller's queue object is left alone
+
+
+class TracedSweeper(Sweeper):
+    job_class = TracedJob
+
+
+class BadWorker(Worker):
+    job_class = NotAJob  # type: ignore[assignment]
+
+
+class BadSweeper(Sweeper):
+    job_class = NotAJob  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize('asked', [None, StockJob, 'rq.job.Job'])
+def test_the_sweeper_and_the_worker_resolve_a_job_class_alike(conn: redis.Redis, asked: Any) -> None:
+    """A subclass's ``job_class`` attribute rules unless another class is asked for, for both."""
+    variant = epoch_job_class(TracedJob)
+    assert TracedSweeper(conn, job_class=asked).job_class is variant
+    assert TracedWorker(['default'], connection=conn, job_class=asked).job_class is variant
+    assert Sweeper(conn, job_class=asked).job_class is rq_epoch.Job
+    assert Worker(['default'], connection=conn, job_class=asked).job_class is rq_epoch.Job
+
+
+@pytest.mark.parametrize('bad', [NotAJob, 'tests.jobclasses.NotAJob', 'tests.jobclasses.Missing'])
+def test_the_sweeper_refuses_a_wrong_job_class_as_the_worker_does(conn: redis.Redis, bad: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        Worker(['default'], connection=conn, job_class=bad)
+    with pytest.raises(ConfigurationError):
+        Sweeper(conn, job_class=bad)
+
+
+def test_a_wrong_job_class_attribute_is_refused_by_both(conn: redis.Redis) -> None:
+    with pytest.raises(ConfigurationError):
+        BadWorker(['default'], connection=conn)
+    with pytest.raises(ConfigurationError):
+        BadSweeper(conn)
 
 
 def test_the_sweep_and_the_cli_use_the_variant(server, conn: redis.Redis) -> None:

@@ -19,7 +19,7 @@ conn = redis.Redis.from_url(sys.argv[1])
 queue = Queue('pfx', connection=conn)
 job, member = start_job(conn, queue)
 report = Sweeper(conn, restart_grace=0, max_stalled=3).sweep(['pfx'])
-print(keys.PREFIX, queue.key, [v.verdict for v in report.verdicts])
+print(keys.PREFIX, queue.key, [str(v.verdict) for v in report.verdicts])
 """
 
 

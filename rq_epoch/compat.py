@@ -1,0 +1,108 @@
+"""Every difference between the RQ versions rq-epoch supports (3.0 and 2.12), in one place.
+
+The rest of the package imports what differs from here instead of testing versions itself.
+Where a version has a public function for what rq-epoch needs, it is used; the fallbacks
+say which RQ 2 method they stand for.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from rq.job import JobStatus
+from rq.registry import BaseRegistry, DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
+from rq.worker import Worker as RQWorker
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+    from rq.job import Job
+    from rq.timeouts import BaseDeathPenalty
+
+__all__ = [
+    'CLEANUP_TAKES_EXECUTION',
+    'HEARTBEAT_TTL_TAKES_WORKING_TIME',
+    'MAINTAINED_REGISTRIES',
+    'RQ_KEY_PREFIX',
+    'RateLimitRegistry',
+    'execute_failure_callback',
+    'record_job_failure',
+    'release_rate_limit_slot',
+    'optional_text',
+    'text',
+]
+
+try:  # RQ 3.0 made the key prefix configurable
+    from rq.defaults import RQ_KEY_PREFIX  # type: ignore[attr-defined]  # absent in RQ 2
+except ImportError:  # RQ 2.x: fixed prefix
+    RQ_KEY_PREFIX = 'rq'
+
+#: Registries a worker's maintenance cleans besides the started one. RQ 3 adds "ready":
+#: dependents whose push onto the queue was interrupted; RQ 2 enqueues dependents inside the
+#: parent's own transaction.
+MAINTAINED_REGISTRIES: tuple[type[BaseRegistry], ...]
+#: RQ 3's registry of rate-limited jobs (None on RQ 2, which has no rate limits).
+RateLimitRegistry: Any
+try:
+    from rq.rate_limit import RateLimitRegistry  # type: ignore[no-redef]  # declared above for RQ 2
+    from rq.registry import ReadyJobRegistry  # type: ignore[attr-defined]  # absent in RQ 2
+
+    MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry, ReadyJobRegistry)
+except ImportError:  # RQ 2.x
+    RateLimitRegistry = None
+    MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
+
+#: RQ 3's ``Worker.get_heartbeat_ttl`` takes the job's working time; RQ 2's does not.
+HEARTBEAT_TTL_TAKES_WORKING_TIME = 'working_time' in inspect.signature(RQWorker.get_heartbeat_ttl).parameters
+
+#: RQ 3's ``Worker.cleanup_execution`` is told the execution; RQ 2's uses the worker's current one.
+CLEANUP_TAKES_EXECUTION = 'execution' in inspect.signature(RQWorker.cleanup_execution).parameters
+
+
+def text(value: Any) -> str:
+    """A server reply as text: bytes decoded (undecodable bytes replaced), None as ``''``.
+
+    RQ's ``rq.utils.as_text`` refuses anything but bytes and str and raises on bad UTF-8;
+    replies read for reports and views must not.
+    """
+    if value is None:
+        return ''
+    return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
+
+
+def optional_text(value: Any) -> str | None:
+    """As :func:`text`, but None stays None (a missing field apart from an empty one)."""
+    return None if value is None else text(value)
+
+
+def execute_failure_callback(job: Job, death_penalty_class: type[BaseDeathPenalty], *exc_info: Any) -> None:
+    """Run the job's ``on_failure`` callback under its timeout (RQ 3's function, RQ 2's Job method)."""
+    try:
+        from rq.callbacks import execute_failure_callback as run  # RQ 3
+    except ImportError:  # RQ 2.x
+        job.execute_failure_callback(death_penalty_class, *exc_info)  # type: ignore[attr-defined]
+    else:
+        run(job, death_penalty_class, *exc_info)
+
+
+def record_job_failure(job: Job, exc_string: str, pipeline: Pipeline) -> None:
+    """Queue RQ's worker-less failure: status FAILED, FailedJobRegistry entry, failure Result.
+
+    RQ 3's public ``rq.job_lifecycle.record_job_failure``; on RQ 2 the same two steps it takes.
+    """
+    try:
+        from rq.job_lifecycle import record_job_failure as record  # RQ 3
+    except ImportError:  # RQ 2.x
+        job.set_status(JobStatus.FAILED, pipeline=pipeline)
+        job._handle_failure(exc_string, pipeline)
+    else:
+        record(job, exc_string, pipeline)
+
+
+def release_rate_limit_slot(job: Job) -> None:
+    """Give back the job's rate-limit slot and promote waiting jobs (RQ 3; RQ 2 has no rate limits)."""
+    try:
+        from rq.rate_limit import release_slot
+    except ImportError:
+        return
+    release_slot(job)
