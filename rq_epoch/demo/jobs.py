@@ -1,7 +1,8 @@
 """Job functions and the short-lease stock worker used by ``rq-epoch demo``.
 
 They live in the package so that the demo's workers can import them wherever
-``rq-epoch`` is installed.
+``rq-epoch`` is installed; the demo enqueues them by dotted path
+(``rq_epoch.demo.jobs.work``, see :mod:`rq_epoch.demo.common`).
 """
 
 from __future__ import annotations
