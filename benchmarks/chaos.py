@@ -68,6 +68,7 @@ import rq_epoch
 from rq_epoch import keys
 from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.failover import is_outage
+from rq_epoch.pids import children_of, proc_stat, send_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = 'chaos'
@@ -366,44 +367,6 @@ def _become_subreaper() -> bool:
         return False
 
 
-def children_of(pid: int | str) -> list[int]:
-    """Child pids of a process (every thread's children)."""
-    found: list[int] = []
-    base = Path(f'/proc/{pid}/task')
-    try:
-        tasks = list(base.iterdir())
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            found += [int(x) for x in (task / 'children').read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of a process, or None when it is gone."""
-    try:
-        text = Path(f'/proc/{pid}/stat').read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(')') + 2 :].split()
-    return fields[0], int(fields[19])
-
-
-def _signal(pid: int, sig: int, started: int | None = None) -> bool:
-    """Send ``sig`` to ``pid`` if it is still the process that was seen (same start time)."""
-    stat = _proc_stat(pid)
-    if stat is None or stat[0] == 'Z' or (started is not None and stat[1] != started):
-        return False
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 class Recorder:
     """The run's event log (faults, worker exits, server restarts), with times."""
 
@@ -507,7 +470,7 @@ class Supervisor:
         if slot.alive:
             assert slot.proc is not None
             for pid in children_of(slot.proc.pid):
-                stat = _proc_stat(pid)
+                stat = proc_stat(pid)
                 if stat is not None and stat[0] != 'Z':
                     found[pid] = stat[1]
         return found
@@ -526,7 +489,7 @@ class Supervisor:
                     slot.horses.update(self.horses_of(slot))
                 continue
             cause = 'harness kill' if slot.killed_by_harness else ('signal' if code < 0 else 'exit')
-            left = [pid for pid, started in slot.horses.items() if _signal(pid, signal.SIGKILL, started)]
+            left = [pid for pid, started in slot.horses.items() if send_signal(pid, signal.SIGKILL, started)]
             self.recorder.add(
                 'worker-exit', slot=slot.index, pid=slot.proc.pid, returncode=code, cause=cause, ended_leftovers=left
             )
@@ -543,10 +506,10 @@ class Supervisor:
         for pid in children_of('self'):
             if pid in self.managed or pid in self.baseline:
                 continue
-            stat = _proc_stat(pid)
+            stat = proc_stat(pid)
             if stat is not None and stat[0] != 'Z':
-                _signal(pid, signal.SIGCONT)
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGCONT)
+                send_signal(pid, signal.SIGKILL)
                 self.recorder.add('orphan-ended', pid=pid)
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -572,19 +535,19 @@ class Supervisor:
         assert slot.proc is not None
         horses = self.horses_of(slot)
         slot.killed_by_harness = True
-        _signal(slot.proc.pid, signal.SIGKILL)
+        send_signal(slot.proc.pid, signal.SIGKILL)
         for pid, started in horses.items():
-            _signal(pid, signal.SIGKILL, started)
+            send_signal(pid, signal.SIGKILL, started)
         return {'slot': slot.index, 'pid': slot.proc.pid, 'horses': sorted(horses)}
 
     def freeze(self, slot: Slot) -> dict[str, Any]:
         """SIGSTOP a worker and its work-horse (a frozen VM or container)."""
         assert slot.proc is not None
         horses = self.horses_of(slot)
-        started = _proc_stat(slot.proc.pid)
+        started = proc_stat(slot.proc.pid)
         slot.frozen = [(slot.proc.pid, started[1] if started else 0)] + list(horses.items())
         for pid, start in slot.frozen:
-            _signal(pid, signal.SIGSTOP, start)
+            send_signal(pid, signal.SIGSTOP, start)
         return {'slot': slot.index, 'pid': slot.proc.pid, 'horses': sorted(horses)}
 
     def thaw(self, slot: Slot, pid: int) -> bool:
@@ -592,7 +555,7 @@ class Supervisor:
         if slot.proc is None or slot.proc.pid != pid or not slot.frozen:
             return False
         for p, start in slot.frozen:
-            _signal(p, signal.SIGCONT, start)
+            send_signal(p, signal.SIGCONT, start)
         slot.frozen = []
         return True
 
@@ -601,12 +564,12 @@ class Supervisor:
         self.stopping = True
         for slot in self.slots:
             for pid, start in slot.frozen:
-                _signal(pid, signal.SIGCONT, start)
+                send_signal(pid, signal.SIGCONT, start)
             if slot.proc is not None and slot.proc.poll() is None:
                 horses = self.horses_of(slot)
-                _signal(slot.proc.pid, signal.SIGKILL)
+                send_signal(slot.proc.pid, signal.SIGKILL)
                 for pid, start in {**slot.horses, **horses}.items():
-                    _signal(pid, signal.SIGKILL, start)
+                    send_signal(pid, signal.SIGKILL, start)
                 try:
                     slot.proc.wait(10)
                 except subprocess.TimeoutExpired:

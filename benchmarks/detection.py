@@ -28,10 +28,10 @@ from typing import Any
 import redis
 from rq import Queue
 
+from rq_epoch.pids import children_of, send_signal
 from rq_epoch.settings import DEFAULTS
 
 from .common import EPOCH, ROOT, STOCK, parser, server, server_version, table, write_results
-from .fixture import _children
 
 NAME = 'detection'
 QUEUE = 'detect'
@@ -91,10 +91,7 @@ def one_trial(
         time.sleep(random.uniform(0, heartbeat))  # anywhere between two heartbeats
         _, horse, worker = first[0]
         for pid in (worker, horse):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            send_signal(pid, signal.SIGKILL)
         killed = time.time()
         again = _wait(lambda: len(_starts(ledger)) > 1 and _starts(ledger), timeout, interval=0.2)
         if not again:
@@ -102,11 +99,8 @@ def one_trial(
         return {'side': side, 'ok': True, 'detection_seconds': round(again[1][0] - killed, 2)}
     finally:
         for proc, log in workers:
-            for pid in _children(proc.pid):  # the work-horse running the long job
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            for pid in children_of(proc.pid):  # the work-horse running the long job
+                send_signal(pid, signal.SIGKILL)
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)

@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -45,6 +44,7 @@ from rq.utils import now as rq_now
 from rq_epoch import Job as EpochJob
 from rq_epoch import keys, scripts
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.pids import children_of, send_signal
 
 from .common import EPOCH, ROOT, STOCK
 
@@ -247,23 +247,13 @@ def layout(conn: redis.Redis) -> dict[str, Any]:
     return found
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
-    except OSError:
-        return []
-
-
 def _kill_workers(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
-        horses = _children(proc.pid)
+        horses = children_of(proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         for pid in horses:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            send_signal(pid, signal.SIGKILL)
         proc.wait(10)
 
 

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.pids import children_of, send_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,14 +64,6 @@ def conn(server: EmbeddedServer) -> Iterator[redis.Redis]:
         client.close()
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f'/proc/{pid}/task/{pid}/children').read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
-
-
 class WorkerProcess:
     """A real ``rq worker`` subprocess, and its work-horse."""
 
@@ -83,7 +76,7 @@ class WorkerProcess:
         return self.proc.pid
 
     def horse_pids(self) -> list[int]:
-        return _children(self.proc.pid)
+        return children_of(self.proc.pid)
 
     def kill(self) -> None:
         """SIGKILL the worker and its work-horse (a machine or container lost)."""
@@ -91,10 +84,7 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         for pid in horses:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            send_signal(pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def stop(self, timeout: float = 20.0) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from rq_epoch.embedded import EmbeddedServer, find_server_binary, free_port
+from rq_epoch.pids import send_signal
 
 __all__ = ['MASTER_NAME', 'SentinelProcess', 'SentinelTopology', 'sentinel_available']
 
@@ -274,7 +275,7 @@ class SentinelTopology:
     def close(self) -> None:
         """Stop every process this topology started, by PID (frozen ones are continued first)."""
         for pid in list(self._frozen):
-            self._signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGCONT)
         self._frozen.clear()
         for sentinel in self.sentinels:
             try:
@@ -436,13 +437,13 @@ class SentinelTopology:
     def freeze(self, server: EmbeddedServer) -> None:
         """SIGSTOP the server process (it keeps its sockets; clients hang until it is thawed)."""
         assert server.pid is not None
-        self._signal(server.pid, signal.SIGSTOP)
+        send_signal(server.pid, signal.SIGSTOP)
         self._frozen.add(server.pid)
 
     def thaw(self, server: EmbeddedServer) -> None:
         """SIGCONT a server frozen by :meth:`freeze`."""
         assert server.pid is not None
-        self._signal(server.pid, signal.SIGCONT)
+        send_signal(server.pid, signal.SIGCONT)
         self._frozen.discard(server.pid)
 
     def freeze_until_promoted(self, timeout: float = 30.0) -> tuple[EmbeddedServer, EmbeddedServer]:
@@ -453,13 +454,6 @@ class SentinelTopology:
         old = self.current_primary()
         self.freeze(old)
         return old, self._wait_promoted(old, timeout)
-
-    @staticmethod
-    def _signal(pid: int, sig: int) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
     def logs(self) -> str:
         """Every sentinel's and server's log, for a failing test's report."""

@@ -16,25 +16,9 @@ import pytest
 from rq.job import JobStatus
 
 from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch.pids import descendants_of, send_signal
 from tests.conftest import ROOT, wait_for
 from tests.test_restart_ride_through import executions
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f'/proc/{pid}/task')
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            children = Path(f'/proc/{pid}/task/{task}/children').read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            found.append(child)
-            found.extend(_descendants(child))
-    return found
 
 
 class Pool:
@@ -46,12 +30,9 @@ class Pool:
 
     def kill(self) -> None:
         """SIGKILL the pool, its workers, their work-horses and scheduler processes."""
-        tree = [self.proc.pid, *_descendants(self.proc.pid)]
+        tree = [self.proc.pid, *descendants_of(self.proc.pid)]
         for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            send_signal(pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def output(self) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from rq_epoch import Queue
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.pids import marked, send_signal
 from tests.conftest import ROOT, wait_for
 
 MARK = 'RQ_EPOCH_DEMO_TEST_MARK'
@@ -39,19 +40,7 @@ def demo_env(tmp: Path, mark: str) -> dict[str, str]:
 
 def processes_marked(mark: str) -> list[int]:
     """PIDs of live processes whose environment carries ``mark`` (the demo and all it started)."""
-    needle = f'{MARK}={mark}'.encode()
-    found = []
-    for entry in Path('/proc').iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / 'stat').read_text().rsplit(')', 1)[1].split()[0]
-            environ = (entry / 'environ').read_bytes()
-        except (OSError, IndexError):
-            continue
-        if state != 'Z' and needle in environ.split(b'\0'):
-            found.append(int(entry.name))
-    return found
+    return marked(MARK, mark)
 
 
 def assert_nothing_left(tmp: Path, mark: str) -> None:
@@ -61,10 +50,7 @@ def assert_nothing_left(tmp: Path, mark: str) -> None:
 
 def kill_leftovers(mark: str) -> None:
     for pid in processes_marked(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        send_signal(pid, signal.SIGKILL)
 
 
 @pytest.fixture

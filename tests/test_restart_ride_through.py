@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -13,6 +12,7 @@ from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
 from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch.pids import is_alive, send_signal
 from tests.conftest import wait_for
 
 
@@ -170,7 +170,7 @@ def test_stock_worker_does_not_survive_the_same_restart(conn, server, start_work
     wait_for(lambda: worker.proc.poll() is not None, 15, what='stock worker giving up during the outage')
     server.start()
     assert 'quitting' in worker.output()
-    orphans = [pid for pid in horses if Path(f'/proc/{pid}').exists()]
+    orphans = [pid for pid in horses if is_alive(pid)]
     assert orphans  # its work-horse is left running with nobody watching it
     for pid in orphans:  # ours to end
-        os.kill(pid, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)

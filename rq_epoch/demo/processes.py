@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..pids import HAS_PROC, carries, children_of, is_alive, send_signal
 from .common import HEARTBEAT, LEASE_MARGIN, MAX_STALLED, RESTART_GRACE, STOCK_WORKER, DemoError
 from .jobs import DEMO_MARKER, STOCK_MARGIN_ENV
 
@@ -90,33 +91,14 @@ class Processes:
 
     def is_ours(self, pid: int) -> bool:
         """True while ``pid`` is alive (not a zombie) and carries this run's token."""
-        proc = Path(f'/proc/{pid}')
-        if Path('/proc/self').exists():
-            try:
-                stat = (proc / 'stat').read_text()
-                if stat.rsplit(')', 1)[1].split()[0] == 'Z':
-                    return False
-                environ = (proc / 'environ').read_bytes()
-            except (OSError, IndexError):
-                return False
-            return f'{DEMO_MARKER}={self.token}'.encode() in environ.split(b'\0')
-        if pid not in self.pids:
-            return False
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
+        if HAS_PROC:
+            return carries(pid, DEMO_MARKER, self.token)
+        return pid in self.pids and is_alive(pid)
 
     def children(self, pid: int) -> list[int]:
         """Child processes of ``pid`` (a worker's work-horse), where ``/proc`` tells."""
-        found = []
-        with suppress(OSError):
-            for task in Path(f'/proc/{pid}/task').iterdir():
-                with suppress(OSError):
-                    found += [int(x) for x in (task / 'children').read_text().split()]
-        for child in found:
-            self.pids.add(child)
+        found = children_of(pid)
+        self.pids.update(found)
         return found
 
     def adopt(self, pid: int) -> None:
@@ -125,13 +107,7 @@ class Processes:
 
     def kill(self, pid: int) -> bool:
         """SIGKILL ``pid`` if it is one of ours; True when a signal was sent."""
-        if not self.is_ours(pid):
-            return False
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            return False
-        return True
+        return self.is_ours(pid) and send_signal(pid, signal.SIGKILL)
 
     def reap(self) -> None:
         """Collect the exit status of every worker that ended (no zombies)."""
