@@ -1,0 +1,338 @@
+"""The audit: every job checked against the ledger the jobs wrote outside Redis, and the invariants."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+from rq.job import Job as RQJob
+from rq.queue import Queue as RQQueue
+
+import rq_epoch
+from rq_epoch import keys
+from rq_epoch.compat import text as _text
+
+from .plan import ALLOWED_REASONS, EPOCH, FAILOVER_TAIL, SERVER_ERRORS, Config, Plan
+from .results import Attempt, JobAudit, SideResult
+
+if TYPE_CHECKING:
+    from .side import SideRun
+
+# -- audit -------------------------------------------------------------------------------
+
+
+def read_ledger(path: Path) -> tuple[dict[str, list[Attempt]], Counter[str], dict[str, list[str]]]:
+    """Attempts per job, callbacks per job, and each job's raw ledger lines."""
+    attempts: dict[str, dict[int, Attempt]] = {}
+    callbacks: Counter[str] = Counter()
+    lines: dict[str, list[str]] = {}
+    if not path.exists():
+        return {}, callbacks, lines
+    for line in path.read_text(encoding='utf-8', errors='replace').splitlines():
+        parts = line.split()
+        if len(parts) < 6:
+            continue
+        event, job_id, n, pid, ppid, t = parts[:6]
+        lines.setdefault(job_id, []).append(line)
+        if event == 'callback':
+            callbacks[job_id] += 1
+        elif event == 'start':
+            attempts.setdefault(job_id, {})[int(n)] = Attempt(int(n), int(pid), int(ppid), float(t))
+        elif event == 'end' and int(n) in attempts.get(job_id, {}):
+            attempts[job_id][int(n)].end = float(t)
+    ordered = {job_id: sorted(a.values(), key=lambda x: x.start) for job_id, a in attempts.items()}
+    return ordered, callbacks, lines
+
+
+def explain(attempt: Attempt, following: float | None, pill: bool, events: list[dict[str, Any]]) -> str:
+    """Why an execution was followed by another one: the fault that hit it, if any.
+
+    A kill or freeze hit the execution when its work-horse was among the processes
+    signalled (else, when the horse was not seen, when its worker was signalled while the
+    execution ran); the earliest such fault is the reason.
+    """
+    if pill:
+        return 'poison pill'
+    until = attempt.end + 2.0 if attempt.end is not None else (following if following is not None else float('inf'))
+    faults = [e for e in events if e['kind'] in ('kill', 'freeze')]
+    hit = [e for e in faults if attempt.pid in e.get('horses', [])]
+    if not hit:
+        hit = [
+            e for e in faults
+            if e.get('pid') == attempt.ppid and not e.get('horses') and attempt.start - 0.05 <= e['t'] <= until
+        ]  # fmt: skip
+    if hit:
+        return str(min(hit, key=lambda e: e['t'])['kind'])
+    outages = _outages(events)
+    in_outage = any(down <= until and up + 5 >= attempt.start for down, up in outages)
+    in_failover = any(start <= until and end + FAILOVER_TAIL >= attempt.start for start, end in _failovers(events))
+    own_exit = [
+        e for e in events
+        if e['kind'] == 'worker-exit' and e.get('pid') == attempt.ppid and e['cause'] != 'harness kill'
+        and attempt.start - 0.05 <= e['t'] <= until
+    ]  # fmt: skip
+    if own_exit:
+        return 'restart' if in_outage else ('failover' if in_failover else 'worker exit')
+    if in_failover:  # also two executions at once: one of them took the job from the old primary
+        return 'failover'
+    if following is not None and attempt.end is not None and following < attempt.end:
+        return 'ran twice at once'
+    if in_outage:
+        return 'restart'
+    return 'unexplained'
+
+
+def _failovers(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Failovers and frozen primaries from the event log, as (start, promoted or thawed) times."""
+    out: list[tuple[float, float]] = []
+    start: float | None = None
+    frozen = False
+    for e in events:
+        kind = e['kind']
+        if kind in ('failover', 'primary-freeze'):
+            start, frozen = e['t'], kind == 'primary-freeze'
+        elif kind == 'failover-refused':
+            start = None
+        elif start is not None and ((kind == 'promoted' and not frozen) or kind == 'primary-thaw'):
+            out.append((start, e['t']))
+            start = None
+    if start is not None:
+        out.append((start, float('inf')))
+    return out
+
+
+def _outages(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Server outages from the event log, as (down, up) times."""
+    out: list[tuple[float, float]] = []
+    down: float | None = None
+    for e in events:
+        if e['kind'] == 'server-down':
+            down = e['t']
+        elif e['kind'] == 'server-up' and down is not None:
+            out.append((down, e['t']))
+            down = None
+    if down is not None:
+        out.append((down, float('inf')))
+    return out
+
+
+def audit(run: SideRun, wall: float) -> SideResult:
+    """Audit every job of a side against the ledger; check rq-epoch's invariants."""
+    cfg, plan, side = run.cfg, run.plan, run.side
+    client = run.client(socket_timeout=30)
+    try:
+        return _audit(client, run, cfg, plan, side, wall)
+    finally:
+        client.close()
+
+
+def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str, wall: float) -> SideResult:
+    """Read the final state of every job and attribute its executions."""
+    attempts, callbacks, ledger_lines = read_ledger(run.ledger)
+    events = run.recorder.events
+    queued: set[str] = set()
+    intermediate: set[str] = set()
+    wip: set[str] = set()
+    leases: set[str] = set()
+    deferred: set[str] = set()
+    ready: set[str] = set()
+    scheduled: set[str] = set()
+    failed_reg: set[str] = set()
+    finished_reg: set[str] = set()
+    for name in cfg.queue_names:
+        queue = RQQueue(name, connection=client)
+        queued |= {_text(x) for x in client.lrange(queue.key, 0, -1)}
+        intermediate |= {_text(x) for x in client.lrange(keys.intermediate_key(name), 0, -1)}
+        wip |= {_text(x).split(':', 1)[0] for x in client.zrange(keys.wip_key(name), 0, -1)}
+        leases |= {_text(x).split(':', 1)[0] for x in client.zrange(keys.leases_key(name), 0, -1)}
+        deferred |= {_text(x) for x in client.zrange(keys.registry_key('deferred', name), 0, -1)}
+        ready |= {_text(x) for x in client.zrange(keys.registry_key('ready', name), 0, -1)}  # RQ 3
+        scheduled |= {_text(x) for x in client.zrange(keys.registry_key('scheduled', name), 0, -1)}
+        failed_reg |= {_text(x) for x in client.zrange(keys.failed_key(name), 0, -1)}
+        finished_reg |= {_text(x) for x in client.zrange(keys.registry_key('finished', name), 0, -1)}
+    job_class = rq_epoch.Job if side == EPOCH else RQJob
+    jobs: list[JobAudit] = []
+    for spec in plan.jobs:
+        raw = {_text(k): _text(v) for k, v in client.hgetall(keys.job_key(spec.id)).items()}
+        status = raw.get('status', '')
+        where = ','.join(
+            name
+            for name, members in (
+                ('queue', queued),
+                ('intermediate', intermediate),
+                ('started', wip),
+                ('lease', leases),
+                ('deferred', deferred),
+                ('ready', ready),
+                ('scheduled', scheduled),
+                ('failed', failed_reg),
+                ('finished', finished_reg),
+            )
+            if spec.id in members
+        )
+        results, worker_results, failure = 0, 0, ''
+        if raw:
+            try:
+                job = job_class.fetch(spec.id, connection=client)
+                found = job.results()
+                results = len(found)
+                worker_results = sum(1 for r in found if getattr(r, 'worker_name', ''))
+                latest = found[0] if found else None
+                if status == 'failed':
+                    failure = _text(getattr(latest, 'exc_string', '') or job.exc_info or '').strip()
+                    failure = failure.splitlines()[-1] if failure else ''
+            except Exception as exc:  # noqa: BLE001 - the audit reports, it does not stop
+                failure = f'(unreadable: {exc})'
+        if status in ('finished', 'failed'):
+            state = status
+        elif not raw:
+            state = 'lost'
+        elif (
+            spec.id in queued
+            or spec.id in intermediate
+            or spec.id in wip
+            or spec.id in leases
+            or spec.id in deferred
+            or spec.id in ready
+            or spec.id in scheduled
+        ):
+            state = 'stuck'
+        else:
+            state = 'lost'
+        retries_left = raw.get('retries_left', '')
+        spent = cfg.retry_budget - int(retries_left) if retries_left.lstrip('-').isdigit() and cfg.retry_budget else 0
+        job_attempts = attempts.get(spec.id, [])
+        for i, attempt in enumerate(job_attempts[:-1]):
+            attempt.reason = explain(attempt, job_attempts[i + 1].start, spec.kind == 'pill', events)
+        if job_attempts and state not in ('finished',):
+            # What ended the last execution of a job that did not finish.
+            job_attempts[-1].reason = explain(job_attempts[-1], None, spec.kind == 'pill', events)
+        jobs.append(
+            JobAudit(
+                id=spec.id,
+                kind=spec.kind,
+                status=status or '(gone)',
+                state=state,
+                attempts=job_attempts,
+                callbacks=callbacks.get(spec.id, 0),
+                stalled=int(raw.get('stalled') or 0),
+                exempt=int(raw.get('exempt_recoveries') or 0),
+                retries_spent=max(0, spent),
+                results=results,
+                failure=failure,
+                where=where,
+                worker_results=worker_results,
+            )
+        )
+    violations: list[str] = []
+    histories: dict[str, list[str]] = {}
+    notes: list[str] = []
+    if run.producer is not None and run.producer.errors:
+        notes += run.producer.errors
+    if side == EPOCH:
+        violations = check_invariants(jobs, cfg)
+        for job_id in sorted({v.split(':', 1)[0] for v in violations}):
+            histories[job_id] = job_history(job_id, client, run, jobs, ledger_lines, events)
+    refused = sum(int(client.hget(keys.stats_key(name), 'refused') or 0) for name in cfg.queue_names)
+    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused)
+
+
+def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
+    """rq-epoch's invariants; each violation is ``'<job id>: <what>'``."""
+    out: list[str] = []
+    allowed = ALLOWED_REASONS
+    if cfg.topology == 'sentinel' and cfg.min_replicas < cfg.replicas:
+        # Replication is asynchronous: a write the old primary took in the instant between the
+        # promotion and the moment the sentinels name the new primary (an outcome, a grant) is
+        # lost with every other write there, unless every replica had to acknowledge it. Such
+        # a job may run again, but uncounted: the stall check below still applies.
+        allowed = ALLOWED_REASONS | {'failover'}
+    for job in jobs:
+        if job.state in ('lost', 'stuck'):
+            out.append(f'{job.id}: {job.state} (status {job.status}, in {job.where or "nothing"})')
+        if job.kind == 'healthy' and job.state == 'failed':
+            out.append(f'{job.id}: healthy job failed: {job.failure}')
+        elif job.kind == 'healthy' and job.retries_spent:
+            # A healthy job never raises: a spent retry is a failure the infrastructure caused.
+            out.append(f'{job.id}: healthy job failed {job.retries_spent} time(s) and was retried')
+        if job.kind == 'pill':
+            if job.state != 'failed' or 'failed' not in job.where.split(','):
+                out.append(f'{job.id}: poison pill not dead-lettered (status {job.status}, in {job.where})')
+            elif job.stalled != cfg.max_stalled:
+                out.append(f'{job.id}: poison pill dead after {job.stalled} counted stalls, not {cfg.max_stalled}')
+            elif not cfg.max_stalled <= job.executions <= cfg.max_stalled + job.exempt:
+                out.append(
+                    f'{job.id}: poison pill ran {job.executions} times for {job.stalled} counted stalls and '
+                    f'{job.exempt} uncounted recoveries'
+                )
+        for attempt in job.attempts[:-1]:
+            if attempt.reason not in allowed:
+                out.append(
+                    f'{job.id}: ran again after execution {attempt.n} (worker {attempt.ppid}) without a kill or '
+                    f'freeze of its worker ({attempt.reason})'
+                )
+        if job.stale_outcomes:
+            out.append(f'{job.id}: {job.stale_outcomes} outcome(s) of a superseded execution landed')
+        if job.kind == 'healthy':
+            hits = sum(1 for a in job.attempts[:-1] if a.reason in ('kill', 'freeze'))
+            if job.stalled > hits:
+                out.append(f'{job.id}: {job.stalled} counted stall(s) but only {hits} kill/freeze of its workers')
+    return out
+
+
+def job_history(
+    job_id: str,
+    client: redis.Redis,
+    run: SideRun,
+    jobs: Sequence[JobAudit],
+    ledger_lines: dict[str, list[str]],
+    events: list[dict[str, Any]],
+) -> list[str]:
+    """Everything about one job: ledger, job hash, faults on its workers, sweeps, worker logs."""
+    out: list[str] = []
+    audit_row = next((j for j in jobs if j.id == job_id), None)
+    if audit_row is not None:
+        out.append(
+            f'audit: state {audit_row.state}, status {audit_row.status}, in {audit_row.where}, '
+            f'stalled {audit_row.stalled}, exempt {audit_row.exempt}, results {audit_row.results}'
+        )
+        for a in audit_row.attempts:
+            out.append(f'  execution {a.n}: horse {a.pid} worker {a.ppid} start {a.start:.3f} end {a.end} {a.reason}')
+    out += [f'ledger: {line}' for line in ledger_lines.get(job_id, [])]
+    try:
+        raw = client.hgetall(keys.job_key(job_id))
+        fields = (
+            'status',
+            'origin',
+            'stalled',
+            'exempt_recoveries',
+            'lease_epoch',
+            'lease_execution',
+            'stall_epochs',
+            'retries_left',
+            'worker_name',
+            'started_at',
+            'ended_at',
+            'enqueued_at',
+        )
+        out.append('job hash: ' + ', '.join(f'{f}={_text(raw.get(f.encode()))}' for f in fields if f.encode() in raw))
+    except SERVER_ERRORS as exc:
+        out.append(f'job hash: unreadable ({exc})')
+    pids = {a.ppid for a in (audit_row.attempts if audit_row else [])}
+    for e in events:
+        if e.get('pid') in pids or e['kind'] in ('server-down', 'server-up'):
+            out.append(f'event: +{e["rel"]}s {json.dumps({k: v for k, v in e.items() if k not in ("t", "rel")})}')
+    sweeps = run.folder / 'sweeper.jsonl'
+    if sweeps.exists():
+        for line in sweeps.read_text(errors='replace').splitlines():
+            if f'"{job_id}"' in line:
+                out.append(f'cron sweeper: {line}')
+    for log in sorted(run.folder.glob('worker-*.log')):
+        for line in log.read_text(errors='replace').splitlines():
+            if job_id in line:
+                out.append(f'{log.name}: {line.strip()}')
+    return out
