@@ -18,6 +18,9 @@ import pytest
 from benchmarks import fixture, report
 from tests.conftest import ROOT, SERVER_KINDS
 
+#: Every test here runs a benchmark (or builds its fixture) with real servers and workers.
+pytestmark = pytest.mark.slow
+
 #: Module, and the keys its JSON must have.
 BENCHMARKS = {
     'sweep_vs_cleanup': ('rows', 'sizes', 'server'),

@@ -19,6 +19,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from benchmarks.chaos import Attempt, Config, JobAudit, check_invariants, explain, make_plan
 from tests.conftest import ROOT
 
@@ -130,6 +132,7 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     assert sorted(v.split(':')[0] for v in check_invariants([moved, counted], strict)) == ['h4', 'h5', 'h5']
 
 
+@pytest.mark.slow
 def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
     """Two restarts, a kill, a freeze and a poison pill: every invariant holds, nothing is left behind."""
     out = tmp_path / 'chaos.json'
@@ -160,6 +163,7 @@ def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
     assert json.loads(out.read_text())['config']['queues'] == 3
 
 
+@pytest.mark.slow
 def test_small_sentinel_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
     """Two manual failovers, a frozen primary, a kill and a poison pill under Sentinel: every invariant holds.
 

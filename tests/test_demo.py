@@ -60,6 +60,7 @@ def demo_tmp(tmp_path: Path) -> Path:
     return tmp
 
 
+@pytest.mark.slow
 def test_demo_plays_both_stories_and_leaves_nothing_behind(demo_tmp: Path) -> None:
     mark = uuid.uuid4().hex
     started = time.monotonic()
@@ -94,6 +95,7 @@ def test_demo_plays_both_stories_and_leaves_nothing_behind(demo_tmp: Path) -> No
     assert_nothing_left(demo_tmp, mark)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_demo_and_removes_everything(demo_tmp: Path) -> None:
     mark = uuid.uuid4().hex
     proc = subprocess.Popen(
@@ -133,6 +135,7 @@ def test_ctrl_c_stops_the_demo_and_removes_everything(demo_tmp: Path) -> None:
     assert_nothing_left(demo_tmp, mark)
 
 
+@pytest.mark.slow
 def test_demo_against_a_given_server_skips_the_restart_and_removes_its_keys(demo_tmp: Path) -> None:
     from tests.test_cli import snapshot
 

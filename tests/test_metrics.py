@@ -186,6 +186,7 @@ def check_mon(samples: Samples, *, verdicts: dict[str, int], leases: dict[str, i
     assert value(samples, 'rq_epoch_scrape_truncated', queue='mon') == 0
 
 
+@pytest.mark.slow
 def test_scrape_matches_a_state_built_by_real_workers(
     conn: redis.Redis, server: EmbeddedServer, start_worker: Callable[..., Any], start_exporter, tmp_path: Path
 ) -> None:
