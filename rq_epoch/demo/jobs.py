@@ -23,6 +23,7 @@ STOCK_MARGIN_ENV = 'RQ_EPOCH_DEMO_STOCK_MARGIN'
 
 
 def _record(log_path: str, event: str, tag: str) -> None:
+    """Append one event of a job (start, end) to the job log, with its PID."""
     line = f'{time.time():.3f} {event} {tag} {os.getpid()}\n'
     with open(log_path, 'a', encoding='utf-8') as fh:
         fh.write(line)
@@ -59,5 +60,6 @@ class ShortLeaseStockWorker(RQWorker):
     """
 
     def get_heartbeat_ttl(self, job: Any, *args: Any, **kwargs: Any) -> int:
+        """RQ's heartbeat TTL with the demo's margin in place of RQ's 60 s."""
         margin = int(os.environ.get(STOCK_MARGIN_ENV, '2'))
         return int(super().get_heartbeat_ttl(job, *args, **kwargs)) - 60 + margin

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class DemoJob:
+    """One job of a story: what the demo expects of it and what it saw happen to it."""
+
     tag: str
     about: str
     job_id: str
@@ -62,6 +64,7 @@ class Ledger:
         self.demo.say(text)
 
     def events(self) -> list[tuple[str, str, int]]:
+        """The job log's rows (event, tag, pid), as the jobs wrote them outside Redis."""
         rows = []
         with suppress(OSError):
             for line in self.log_path.read_text().splitlines():
@@ -71,10 +74,12 @@ class Ledger:
         return rows
 
     def last_pid(self, tag: str) -> int | None:
+        """The PID of the work-horse that last started ``tag``, from the job log."""
         pids = [pid for event, t, pid in self.events() if event == 'start' and t == tag]
         return pids[-1] if pids else None
 
     def failure_reason(self, job: DemoJob) -> str:
+        """Why a job failed, in a few words, from its latest result."""
         job_class = Job if self.epoch else RQJob
         try:
             rq_job = job_class.fetch(job.job_id, connection=self.demo.connection)
@@ -90,12 +95,14 @@ class Ledger:
         return last[:80]
 
     def job_for(self, job_id: str) -> DemoJob | None:
+        """The job of this story with ``job_id``, if it is one."""
         for job in self.jobs.values():
             if job.job_id == job_id:
                 return job
         return None
 
     def tell_verdict(self, v: LeaseVerdict) -> None:
+        """Record a sweep verdict on its job and tell it in the narration."""
         job = self.job_for(v.job_id)
         tag = job.tag if job else v.job_id
         if v.verdict is Verdict.DEFERRED:
@@ -155,6 +162,7 @@ class Ledger:
                 self.say(f"RQ's cleanup: {job.tag}: lease expired -> AbandonedJobError: retry spent, requeued{still}")
 
     def horse_alive(self, job: DemoJob) -> bool:
+        """Whether the work-horse that last started ``job`` is still running it."""
         pid = self.last_pid(job.tag)
         if pid is None:
             return False
@@ -196,10 +204,12 @@ class Ledger:
 
     @property
     def healthy_failed(self) -> int:
+        """How many healthy jobs ever failed."""
         return sum(1 for job in self.jobs.values() if job.healthy and job.ever_failed)
 
     @property
     def retries_spent(self) -> int:
+        """How many retries the jobs with a retry budget spent."""
         jobs = [job for job in self.jobs.values() if job.retry and job.retries_left is not None]
         return sum(job.retry - (job.retries_left or 0) for job in jobs)
 

@@ -43,6 +43,7 @@ class Processes:
     """
 
     def __init__(self, token: str) -> None:
+        """Track the processes of the run whose token is ``token``."""
         self.token = token
         self.popens: list[subprocess.Popen[bytes]] = []
         self.pids: set[int] = set()

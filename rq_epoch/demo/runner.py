@@ -40,6 +40,7 @@ class Demo:
     """Runs both stories and prints the ledgers."""
 
     def __init__(self, url: str | None, stock: bool, echo: Callable[[str], None]) -> None:
+        """Prepare a run: its token, its key prefix and its temporary folder (nothing starts yet)."""
         self.given_url = url
         self.play_stock = stock
         self.echo = echo
@@ -57,24 +58,30 @@ class Demo:
         self.had_primaries_record = True
 
     def say(self, text: str) -> None:
+        """Tell one line of the story, with the time since the demo started."""
         self.echo(f'[{time.monotonic() - self.started_at:5.1f}s] {text}')
 
     def note(self, text: str) -> None:
+        """Print an indented, wrapped note under a heading."""
         for line in textwrap.wrap(text, width=100, initial_indent='        ', subsequent_indent='        '):
             self.echo(line)
 
     def paragraph(self, text: str) -> None:
+        """Print wrapped text."""
         for line in textwrap.wrap(text, width=100):
             self.echo(line)
 
     def heading(self, text: str) -> None:
+        """Print a story's heading."""
         self.echo('')
         self.echo(f'== {text}')
 
     def act(self, text: str) -> None:
+        """Print an act's title."""
         self.echo(f'-- {text}')
 
     def open(self) -> None:
+        """Connect to the given server, or start an embedded one, and introduce the demo."""
         if self.given_url:
             self.connection = redis.Redis.from_url(
                 self.given_url, socket_connect_timeout=5, socket_timeout=10, retry=RedisRetry(NoBackoff(), 0)
@@ -120,6 +127,7 @@ class Demo:
         return f'Redis {info.get("redis_version", "?")}'
 
     def run(self) -> int:
+        """Play every story and print the ledgers; return the exit status."""
         self.open()
         restart = self.server is not None
         kinds = ['epoch'] + (['stock'] if self.play_stock else [])
@@ -224,6 +232,7 @@ def run_demo(url: str | None = None, stock: bool = True, echo: Callable[[str], N
 
 
 def _print_worker_logs(demo: Demo) -> None:
+    """Print the last lines of every worker's log (after a step that did not happen)."""
     for log in sorted(demo.folder.glob('worker-*.log')):
         lines = log.read_text(errors='replace').splitlines()[-8:]
         click.echo(f'--- last lines of {log.name}', err=True)

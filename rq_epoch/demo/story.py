@@ -55,6 +55,7 @@ class Story(Ledger):
     """One play of the story, by one kind of worker."""
 
     def __init__(self, demo: Demo, kind: str) -> None:
+        """Set up the story's queue (and, for rq-epoch, its sweeper) on the demo's server."""
         self.demo = demo
         self.kind = kind
         self.epoch = kind == 'epoch'
@@ -103,6 +104,7 @@ class Story(Ledger):
         return slot
 
     def slot_of(self, worker_name: str) -> WorkerSlot | None:
+        """The slot of the worker named ``worker_name``, while it runs."""
         short = worker_name.rsplit('-', 1)[-1]
         for slot in self.workers:
             if slot.name == short:
@@ -134,6 +136,7 @@ class Story(Ledger):
         return pids
 
     def supervise(self) -> None:
+        """Notice workers that ended, tell why, and start their replacements (as systemd would)."""
         self.demo.processes.reap()
         for slot in list(self.workers):
             code = slot.proc.poll()
@@ -162,6 +165,7 @@ class Story(Ledger):
     def enqueue(
         self, tag: str, about: str, func: str, args: tuple[Any, ...], *, healthy: bool = True, retry: int = 0
     ) -> DemoJob:
+        """Enqueue one job of the story, by dotted path, with its tag and the job log."""
         job_id = f'{self.demo.prefix}-{self.kind}-{tag}'
         kwargs: dict[str, Any] = {'job_id': job_id, 'result_ttl': 600, 'failure_ttl': 600}
         if retry:
@@ -206,6 +210,7 @@ class Story(Ledger):
                 job.worker = worker
 
     def on_status(self, job: DemoJob, status: str, worker: str) -> None:
+        """Tell a job's new status."""
         short = worker.rsplit('-', 1)[-1] if worker else '?'
         if status == 'started':
             logged = sum(1 for event, t, _pid in self.events() if event == 'start' and t == job.tag)
@@ -236,6 +241,7 @@ class Story(Ledger):
     # -- time
 
     def tick(self) -> None:
+        """One step of the clock: sweep, observe, supervise."""
         if not self.server_down:
             try:
                 self.sweep()
@@ -245,12 +251,14 @@ class Story(Ledger):
         self.supervise()
 
     def run_for(self, seconds: float) -> None:
+        """Let the story run for ``seconds``."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self.tick()
             time.sleep(TICK)
 
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Let the story run until ``condition`` holds; DemoError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             self.tick()
@@ -261,6 +269,7 @@ class Story(Ledger):
             time.sleep(TICK)
 
     def settled(self, *tags: str) -> bool:
+        """Whether every job of ``tags`` (all by default) has ended and no work-horse still runs it."""
         for tag in tags or tuple(self.jobs):
             job = self.jobs[tag]
             if job.status not in ('finished', 'failed') or self.horse_alive(job):
@@ -277,11 +286,13 @@ class Story(Ledger):
         return self.epoch and (_text(stalled) not in ('', '0') or _text(exempt) not in ('', '0'))
 
     def started(self, tag: str) -> bool:
+        """Whether ``tag`` runs on a worker."""
         return self.jobs[tag].status == 'started' and bool(self.jobs[tag].worker)
 
     # -- the acts
 
     def play(self, restart: bool) -> None:
+        """Play the acts, then stop the workers and collect what became of every job."""
         d = self.demo
         if self.epoch:
             d.heading(f'Story 1: rq-epoch workers (rq worker --worker-class rq_epoch.Worker), queue {self.queue_name}')
@@ -327,6 +338,7 @@ class Story(Ledger):
         self.collect()
 
     def act_restart(self) -> None:
+        """Act 3: restart the server while jobs run, losing one worker machine during the outage."""
         d = self.demo
         server = d.server
         assert server is not None
@@ -375,6 +387,7 @@ class Story(Ledger):
         )
 
     def stop_workers(self) -> None:
+        """Stop every worker of the story (SIGTERM, then SIGKILL after a bounded wait)."""
         self.stopping = True
         for slot in self.workers:
             if slot.proc.poll() is None:
