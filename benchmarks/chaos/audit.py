@@ -22,8 +22,6 @@ from .results import Attempt, JobAudit, SideResult
 if TYPE_CHECKING:
     from .side import SideRun
 
-# -- audit -------------------------------------------------------------------------------
-
 
 def read_ledger(path: Path) -> tuple[dict[str, list[Attempt]], Counter[str], dict[str, list[str]]]:
     """Attempts per job, callbacks per job, and each job's raw ledger lines."""

@@ -19,8 +19,6 @@ from .results import SideResult
 from .side import SideRun
 from .sweeper import sweeper_main
 
-# -- running both sides ------------------------------------------------------------------
-
 
 def run(cfg: Config, reaper: bool = False) -> list[SideResult]:
     """Run every side of ``cfg`` in turn on the same plan; return their audits."""

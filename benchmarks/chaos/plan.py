@@ -33,9 +33,6 @@ FAILOVER_TAIL = 15.0
 SERVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError)
 
 
-# -- configuration and plan --------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Config:
     """Every parameter of a chaos run; the defaults are the documented run's."""

@@ -18,8 +18,6 @@ from rq_epoch.pids import children_of, proc_stat, send_signal
 
 from .plan import EPOCH, ROOT, Config
 
-# -- processes ---------------------------------------------------------------------------
-
 
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants (Linux), so none escapes."""

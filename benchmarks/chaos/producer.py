@@ -19,8 +19,6 @@ from rq_epoch.failover import is_outage
 
 from .plan import EPOCH, ON_FAILURE, PILL, RESULT_TTL, SERVER_ERRORS, WORK, Config, JobSpec, Plan
 
-# -- one side ----------------------------------------------------------------------------
-
 
 class Producer(threading.Thread):
     """Enqueues the planned jobs at their times, riding out server outages."""

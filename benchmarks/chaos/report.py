@@ -12,8 +12,6 @@ import rq
 from .plan import EPOCH, STOCK, Config, make_plan
 from .results import SideResult
 
-# -- report ------------------------------------------------------------------------------
-
 
 def _n(count: int, noun: str) -> str:
     """``1 kill``, ``2 kills``."""

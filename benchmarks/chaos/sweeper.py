@@ -20,8 +20,6 @@ from rq_epoch.failover import is_outage
 
 from .plan import EPOCH, QUEUE, SERVER_ERRORS, SIDES
 
-# -- the cron-like sweeper ---------------------------------------------------------------
-
 
 def sweeper_main(argv: Sequence[str]) -> int:
     """``python -m benchmarks.chaos sweeper``: sweep every ``--interval`` s until SIGTERM.
