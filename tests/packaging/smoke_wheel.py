@@ -152,6 +152,11 @@ def lua_scripts() -> list[str]:
     return sorted(p.name for p in (ROOT / 'rq_epoch' / 'scripts').glob('*.lua'))
 
 
+def python_modules() -> list[str]:
+    """Every module of the checkout's package, subpackages included: each must be in the wheel."""
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / 'rq_epoch').rglob('*.py'))
+
+
 def check_artifacts(wheel: Path, sdist: Path | None) -> None:
     """The package data, the licence and (in the sdist) the tests are inside the artifacts."""
     with zipfile.ZipFile(wheel) as archive:
@@ -160,6 +165,7 @@ def check_artifacts(wheel: Path, sdist: Path | None) -> None:
     for name in members:
         print(f'  {name}')
     wanted = [f'rq_epoch/scripts/{name}' for name in lua_scripts()] + ['rq_epoch/py.typed']
+    wanted += python_modules()  # subpackages (rq_epoch.demo) included
     missing = [name for name in wanted if name not in members]
     if not any(re.fullmatch(r'[^/]+\.dist-info/licenses/LICENSE', name) for name in members):
         missing.append('*.dist-info/licenses/LICENSE')
