@@ -230,13 +230,20 @@ class Taker:
         """``queue_class`` with :meth:`dequeue_any` in place of RQ's (made once per class)."""
         stand_in = self._stand_ins.get(queue_class)
         if stand_in is None:
+            taker = self
+
+            def dequeue_any(cls: type[Queue], *args: Any, **kwargs: Any) -> tuple[RQJob, Queue] | None:
+                # A plain function: classmethod() of a bound method binds differently by
+                # Python version (3.10 passes no class to it).
+                return taker._dequeue_any_of(cls, *args, **kwargs)
+
             stand_in = type(
                 queue_class.__name__,
                 (queue_class,),
                 {
                     '__module__': queue_class.__module__,
                     '__doc__': queue_class.__doc__,
-                    'dequeue_any': classmethod(self._dequeue_any_of),
+                    'dequeue_any': classmethod(dequeue_any),
                 },
             )
             self._stand_ins[queue_class] = stand_in
