@@ -10,7 +10,6 @@ except ImportError:  # RQ 2.x: fixed prefix
 __all__ = [
     'COMMITTED_RECORD_TTL',
     'PREFIX',
-    'TAKEN_RECORD_TTL',
     'committed_key',
     'failed_key',
     'finishing_key',
@@ -21,25 +20,24 @@ __all__ = [
     'primaries_key',
     'queue_key',
     'stats_key',
-    'taken_key',
+    'taken_field',
     'wip_key',
 ]
 
 PREFIX: str = _RQ_PREFIX
-
-#: Seconds the record of a lease taken by a sweep is kept: an execution frozen for longer
-#: than this is still fenced out, but its refusal says "gone" instead of naming the verdict.
-TAKEN_RECORD_TTL = 86400
-
 
 def leases_key(queue_name: str) -> str:
     """Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline."""
     return f'{PREFIX}:epoch:leases:{queue_name}'
 
 
-def taken_key(member: str) -> str:
-    """Record that a sweep took the lease ``<job_id>:<execution_id>``: the verdict, with a TTL."""
-    return f'{PREFIX}:epoch:taken:{member}'
+def taken_field(execution_id: str) -> str:
+    """Field of the job hash where a sweep records the verdict that took this execution's lease.
+
+    Written in the HSET the verdict does anyway; it lives as long as the job. The extend
+    and commit scripts read it, so the execution learns which verdict took its lease.
+    """
+    return f'taken:{execution_id}'
 
 
 #: Seconds the record of an unleased execution's commit is kept: longer than any worker

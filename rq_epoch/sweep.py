@@ -142,7 +142,7 @@ REPLICA_MAX_LAG = 10
 def read_primary_state(connection: Redis, current: ServerEpoch | None = None) -> PrimaryState:
     """The server's role and primary epoch as the sweep script would see them; writes nothing.
 
-    For status views: the same rule as ``primary_epoch`` in ``scripts/_epoch.lua``, read
+    For status views: the same rule as ``primary_epoch`` in ``lua/_epoch.lua``, read
     from INFO replication and ``<prefix>:epoch:primaries`` with the server clock.
     """
     current = current or read_epoch(connection, with_role=False)

@@ -355,7 +355,7 @@ class Worker(RQWorker):
             scripts.load_all(connection)
             extend_result = scripts.extend()(
                 connection,
-                [registry.leases_key, job.key, keys.taken_key(execution.composite_key)],
+                [registry.leases_key, job.key],
                 [execution.composite_key, ttl],
             )
         for result in results:

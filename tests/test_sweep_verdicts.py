@@ -198,7 +198,7 @@ def test_extend_after_the_sweep_does_not_bring_the_lease_back(conn) -> None:
     job, member = start_job(conn, queue)
     sweep(conn)
     leases_key = keys.leases_key('default')
-    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key, keys.taken_key(member)], [member, 30])
+    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key], [member, 30])
     assert extended == 0
     assert run_id.decode() == current_run_id(conn)
     assert taken == b'recovered'  # the heartbeat learns which verdict took its lease
@@ -211,7 +211,7 @@ def test_extend_of_a_live_lease_pushes_the_deadline_and_restamps(conn) -> None:
     leases_key = keys.leases_key('default')
     before = conn.zscore(leases_key, member)
     extended, run_id, deadline, taken = scripts.extend()(
-        conn, [leases_key, job.key, keys.taken_key(member)], [member, 120]
+        conn, [leases_key, job.key], [member, 120]
     )
     assert extended == 1
     assert taken == b''
