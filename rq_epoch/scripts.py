@@ -23,7 +23,18 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.client import Pipeline
 
-__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'commit', 'extend', 'grant', 'raise_typed', 'rescue', 'sweep', 'take']
+__all__ = [
+    'EPOCH_UNAVAILABLE',
+    'ServerScript',
+    'claim',
+    'commit',
+    'extend',
+    'grant',
+    'raise_typed',
+    'rescue',
+    'sweep',
+    'take',
+]
 
 EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
 

@@ -19,7 +19,7 @@ from rq.utils import import_attribute, now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
-from . import keys, scripts
+from . import scripts
 from .errors import OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
 from .fence import Fence, arm
