@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +72,7 @@ class ServerScript:
     name: str
     source: str
 
-    @property
+    @cached_property
     def sha(self) -> str:
         return hashlib.sha1(self.source.encode('utf-8')).hexdigest()
 

@@ -246,3 +246,28 @@ def test_uncounted_lease_waits_for_the_restart_grace(conn, server) -> None:
     )
     assert conn.zscore(keys.leases_key('default'), member) is not None
     expire(conn, 'default', member)
+
+
+def test_deferred_leases_are_reported_once_and_do_not_hide_the_leases_behind_them(conn, server) -> None:
+    """A full batch of deferred leases in front: each is reported once, and the counted ones behind are judged."""
+    queue = Queue('default', connection=conn)
+    batch = 4
+    uncounted = [start_job(conn, queue, epoch=OTHER_EPOCH) for _ in range(batch + 2)]
+    deferred = [job.id for job, _ in uncounted]
+    seconds, micros = conn.time()
+    # The counted leases expire later than every deferred one, so they sit behind them.
+    counted = []
+    for _ in range(3):
+        job, member = start_job(conn, queue, expired=False)
+        conn.zadd(keys.leases_key('default'), {member: seconds + micros / 1e6 - 0.5}, xx=True)
+        counted.append(job.id)
+    for _, member in uncounted:  # deadlines well before the counted ones
+        conn.zadd(keys.leases_key('default'), {member: seconds - 10}, xx=True)
+
+    report = Sweeper(conn, restart_grace=10**6, max_stalled=3, batch_size=batch).sweep(['default'])
+
+    assert Counter(v.job_id for v in report.verdicts) == Counter(deferred + counted)  # each lease once
+    assert sorted(v.job_id for v in report.verdicts if v.verdict == 'deferred') == sorted(deferred)
+    assert sorted(v.job_id for v in report.verdicts if v.verdict == 'recovered') == sorted(counted)
+    assert conn.zcard(keys.leases_key('default')) == len(deferred)
+    assert conn.hget(keys.stats_key('default'), 'recovered') == b'3'

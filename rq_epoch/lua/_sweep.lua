@@ -13,9 +13,10 @@
 --   The reply every sweep verb returns: {run_id, uptime, now, role, primary_age,
 --   replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
 --   left_stock, n, <n records>}.
--- requeue(prefix, job_key, job_id, queue, ...)
---   Status queued, pushed at the front of <prefix>:queue:<queue>, its entry in
---   <prefix>:queue:<queue>:intermediate removed, the queue registered in <prefix>:queues;
+-- requeue(prefix, job_key, job_id, queue, intermediate, ...)
+--   Status queued, pushed at the front of <prefix>:queue:<queue>, the queue registered in
+--   <prefix>:queues; with `intermediate` true, its entry in <prefix>:queue:<queue>:intermediate
+--   is removed too (a started job has none: the grant, or RQ's own start, removed it).
 --   `...` are more fields of the job to write in the same HSET.
 
 local records = {}
@@ -39,10 +40,10 @@ local function reply(run_id, uptime, now, primary, more, left_leases, left_stock
   return head
 end
 
-local function requeue(prefix, job_key, job_id, queue, ...)
+local function requeue(prefix, job_key, job_id, queue, intermediate, ...)
   local queue_key = prefix .. ':queue:' .. queue
   redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
-  redis.call('LREM', queue_key .. ':intermediate', 0, job_id)
+  if intermediate then redis.call('LREM', queue_key .. ':intermediate', 0, job_id) end
   redis.call('LPUSH', queue_key, job_id)
   if not registered[queue_key] then
     redis.call('SADD', prefix .. ':queues', queue_key)

@@ -26,7 +26,8 @@
 --   <prefix>:worker:<worker_name>:executions    RQ's executions of the worker (member removed)
 --   <prefix>:queue:<queue>                      the queue (requeued jobs pushed at the front;
 --                                               read with LPOS for a granted, never-started job)
---   <prefix>:queue:<queue>:intermediate         RQ's intermediate list (entry removed)
+--   <prefix>:queue:<queue>:intermediate         RQ's intermediate list (the entry of a granted,
+--                                               never-started job removed)
 --   <prefix>:queues                             RQ's set of queues (the queue registered)
 --   <prefix>:failed:<queue>                     RQ's FailedJobRegistry (dead letters)
 --   <prefix>:epoch:primaries                    when this process became primary (_epoch.lua)
@@ -111,7 +112,6 @@ local function bury(job_key, job_id, failure_ttl, stalled, epochs, taken_field)
   if ttl == nil or ttl <= 0 then ttl = default_failure_ttl end
   redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1', 'stalled', stalled, 'stall_epochs', epochs,
              taken_field, 'dead')
-  redis.call('LREM', queue_key .. ':intermediate', 0, job_id)
   redis.call('ZADD', prefix .. ':failed:' .. queue, now + ttl, job_id)
   redis.call('ZADD', finishing_key, 0, queue .. '|' .. job_id)
 end
@@ -169,7 +169,7 @@ local function judge(member, stock)
   if not counted then
     if not dry then
       drop(member, job_id, exec_id)
-      requeue(prefix, job_key, job_id, queue, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
+      requeue(prefix, job_key, job_id, queue, never_started, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
     end
     return record(member, 'exempt', stalled, max_stalled, epoch, dry)
   end
@@ -180,7 +180,7 @@ local function judge(member, stock)
   if stalled < max_stalled then
     if not dry then
       drop(member, job_id, exec_id)
-      requeue(prefix, job_key, job_id, queue, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
+      requeue(prefix, job_key, job_id, queue, false, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
     end
     return record(member, 'recovered', stalled, max_stalled, epoch, dry)
   end
