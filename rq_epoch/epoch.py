@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ['RUN_ID_LENGTH', 'is_counted', 'is_exempt', 'is_valid_run_id', 'parse_run_id']
+__all__ = ['is_counted', 'is_exempt', 'is_valid_run_id', 'parse_run_id']
 
-RUN_ID_LENGTH = 40
 _RUN_ID_RE = re.compile(r'[0-9a-f]{40}')
 
 
