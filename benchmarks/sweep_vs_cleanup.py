@@ -63,7 +63,7 @@ def run(kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float)
             floor = done.get(FLOOR)
             for row in pending:
                 _versus_floor(row, floor)
-                _progress(rows[-1])
+                _progress(row)
             last.update(done)
     return {'server': server_name, 'sizes': list(sizes), 'rows': rows}
 

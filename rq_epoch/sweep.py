@@ -258,6 +258,10 @@ class SweepReport:
         }
 
 
+#: The line reported by the records of :meth:`Sweeper.log_verdict`.
+_LOG_VERDICT_LINE = 0
+
+
 def _text(value: Any) -> str:
     return value.decode('utf-8', 'replace') if isinstance(value, bytes) else str(value)
 
@@ -523,18 +527,33 @@ class Sweeper:
         return verdicts
 
     def log_verdict(self, verdict: LeaseVerdict) -> None:
-        """Log one line per verdict on the ``rq_epoch`` logger."""
-        logger.log(
-            _LOG_LEVELS.get(verdict.verdict, logging.INFO),
+        """Log one line per verdict on the ``rq_epoch`` logger.
+
+        The record is made directly (no search of the stack for the caller, which would
+        cost more than the rest of the record): a sweep may log tens of thousands.
+        """
+        level = _LOG_LEVELS.get(verdict.verdict, logging.INFO)
+        if not logger.isEnabledFor(level):
+            return
+        record = logger.makeRecord(
+            logger.name,
+            level,
+            __file__,
+            _LOG_VERDICT_LINE,
             'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s',
-            verdict.job_id or '-',
-            verdict.queue,
-            verdict.verdict,
-            verdict.stalled,
-            verdict.max_stalled,
-            verdict.lease_epoch or '(none)',
-            verdict.run_id,
+            (
+                verdict.job_id or '-',
+                verdict.queue,
+                verdict.verdict,
+                verdict.stalled,
+                verdict.max_stalled,
+                verdict.lease_epoch or '(none)',
+                verdict.run_id,
+            ),
+            None,
+            func='log_verdict',
         )
+        logger.handle(record)
 
     def before_finish(self, verdicts: list[LeaseVerdict]) -> None:
         """Called after a sweep call gave dead verdicts, before their side effects run."""
@@ -730,3 +749,6 @@ class Sweeper:
                 send(JobStatus.FAILED, exc_string=reason)
             except Exception:
                 logger.exception('sweep: failed webhooks of job %s raised', job.id)
+
+
+_LOG_VERDICT_LINE = Sweeper.log_verdict.__code__.co_firstlineno
