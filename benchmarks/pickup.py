@@ -126,7 +126,9 @@ def reset_slowlog(conn: redis.Redis) -> None:
 def _script_names() -> dict[str, str]:
     return {
         script().sha: script().name
-        for script in (scripts.take, scripts.sweep, scripts.grant, scripts.extend, scripts.commit, scripts.claim)
+        for script in (
+            scripts.take, scripts.sweep, scripts.rescue, scripts.grant, scripts.extend, scripts.commit, scripts.claim
+        )
     }
 
 

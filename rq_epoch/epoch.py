@@ -10,7 +10,7 @@ of the server process it is talking to now:
   a server restart or failover, or was written before rq-epoch was installed. The lease
   is *exempt*: the job is requeued and its stall count is left alone.
 
-This module is pure: no I/O. The server-side scripts in ``rq_epoch/scripts/`` apply the
+This module is pure: no I/O. The server-side scripts in ``rq_epoch/lua/`` apply the
 same rule in Lua; the tests check both against the same vectors.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ['RUN_ID_LENGTH', 'is_counted', 'is_exempt', 'is_valid_run_id', 'parse_run_id']
+__all__ = ['is_counted', 'is_exempt', 'is_valid_run_id', 'parse_run_id']
 
 RUN_ID_LENGTH = 40
 _RUN_ID_RE = re.compile(f'[0-9a-f]{{{RUN_ID_LENGTH}}}')

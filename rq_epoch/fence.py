@@ -74,7 +74,6 @@ class Fence:
             keys.leases_key(self.queue),
             keys.job_key(self.job_id),
             keys.stats_key(self.queue),
-            keys.taken_key(self.member),
             keys.committed_key(self.member),
         ]
 

@@ -21,7 +21,6 @@ __all__ = [
     'PREFIX',
     'QUEUE_PREFIX',
     'REGISTRIES',
-    'TAKEN_RECORD_TTL',
     'KeyFamily',
     'committed_key',
     'execution_key',
@@ -42,7 +41,7 @@ __all__ = [
     'registry_key',
     'results_key',
     'stats_key',
-    'taken_key',
+    'taken_field',
     'wip_key',
     'worker_executions_key',
     'worker_key',
@@ -70,8 +69,6 @@ class KeyFamily:
 
 #: Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline.
 leases_key = KeyFamily('epoch:leases')
-#: Record that a sweep took the lease ``<job_id>:<execution_id>``: the verdict, with a TTL.
-taken_key = KeyFamily('epoch:taken')
 #: Record that the execution ``<job_id>:<execution_id>``, which held no lease, committed its outcome.
 committed_key = KeyFamily('epoch:committed')
 #: Hash of per-verdict counters of a queue, kept by the sweep.
@@ -79,9 +76,15 @@ stats_key = KeyFamily('epoch:stats')
 #: Hash of first sightings of jobs stuck in RQ's intermediate queue (job id -> server time).
 limbo_key = KeyFamily('epoch:limbo')
 
-#: Seconds the record of a lease taken by a sweep is kept: an execution frozen for longer
-#: than this is still fenced out, but its refusal says "gone" instead of naming the verdict.
-TAKEN_RECORD_TTL = 86400
+def taken_field(execution_id: str) -> str:
+    """Field of the job hash where a sweep records the verdict that took this execution's lease.
+
+    Written in the HSET the verdict does anyway; it lives as long as the job. The extend
+    and commit scripts read it, so the execution learns which verdict took its lease.
+    """
+    return f'taken:{execution_id}'
+
+
 #: Seconds the record of an unleased execution's commit is kept: longer than any worker
 #: retries an outcome after a connection error.
 COMMITTED_RECORD_TTL = 86400

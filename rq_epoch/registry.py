@@ -47,8 +47,7 @@ class StartedJobRegistry(RQStartedJobRegistry):
         lease_args = [execution.composite_key, max(int(ttl), 1)]
         if xx:
             self.extend_index = len(pipeline)
-            taken_key = keys.taken_key(execution.composite_key)
-            scripts.extend().queue(pipeline, [self.leases_key, keys.job_key(execution.job_id), taken_key], lease_args)
+            scripts.extend().queue(pipeline, [self.leases_key, keys.job_key(execution.job_id)], lease_args)
         else:
             scripts.grant().queue(pipeline, self.grant_keys(execution.job_id), [*lease_args, execution.id])
         return 0

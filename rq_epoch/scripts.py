@@ -1,6 +1,6 @@
 """Loads the server-side scripts once and calls them by SHA.
 
-Each verb lives in its own file under ``rq_epoch/scripts/``; a line
+Each verb lives in its own file under ``rq_epoch/lua/``; a line
 ``-- @include NAME`` pastes a helper file. Scripts are called with EVALSHA and reloaded
 when the server answers NOSCRIPT (as it does after every restart). On a pipeline the
 EVALSHA is queued directly, so a script adds no round trip of its own (a redis-py
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -23,13 +23,24 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.client import Pipeline
 
-__all__ = ['EPOCH_UNAVAILABLE', 'ServerScript', 'claim', 'commit', 'extend', 'grant', 'raise_typed', 'sweep', 'take']
+__all__ = [
+    'EPOCH_UNAVAILABLE',
+    'ServerScript',
+    'claim',
+    'commit',
+    'extend',
+    'grant',
+    'raise_typed',
+    'rescue',
+    'sweep',
+    'take',
+]
 
 EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
 
 
 def _read(name: str) -> str:
-    return resources.files('rq_epoch').joinpath('scripts').joinpath(name).read_text(encoding='utf-8')
+    return resources.files('rq_epoch').joinpath('lua').joinpath(name).read_text(encoding='utf-8')
 
 
 def _expand(text: str) -> str:
@@ -61,7 +72,7 @@ class ServerScript:
     name: str
     source: str
 
-    @property
+    @cached_property
     def sha(self) -> str:
         return hashlib.sha1(self.source.encode('utf-8')).hexdigest()
 
@@ -105,6 +116,10 @@ def sweep() -> ServerScript:
     return _script('sweep')
 
 
+def rescue() -> ServerScript:
+    return _script('rescue')
+
+
 def claim() -> ServerScript:
     return _script('claim')
 
@@ -119,5 +134,5 @@ def take() -> ServerScript:
 
 def load_all(connection: Redis) -> None:
     """Load every script (a worker does this at start and after the server returns)."""
-    for script in (grant(), extend(), sweep(), claim(), commit(), take()):
+    for script in (grant(), extend(), sweep(), rescue(), claim(), commit(), take()):
         script.load(connection)

@@ -129,7 +129,7 @@ REPLICA_MAX_LAG = 10
 def read_primary_state(connection: Redis, current: ServerEpoch | None = None) -> PrimaryState:
     """The server's role and primary epoch as the sweep script would see them; writes nothing.
 
-    For status views: the same rule as ``primary_epoch`` in ``scripts/_epoch.lua``, read
+    For status views: the same rule as ``primary_epoch`` in ``lua/_epoch.lua``, read
     from INFO replication and ``<prefix>:epoch:primaries`` with the server clock.
     """
     current = current or read_epoch(connection, with_role=False)
@@ -245,6 +245,10 @@ class SweepReport:
         }
 
 
+#: The line reported by the records of :meth:`Sweeper.log_verdict`.
+_LOG_VERDICT_LINE = 0
+
+
 class Sweeper:
     """Runs the epoch-aware sweep over queues and finishes the jobs it dead-letters.
 
@@ -354,28 +358,48 @@ class Sweeper:
         progress: Callable[[int], None] | None,
         client: Redis | None = None,
     ) -> None:
-        offset = 0
-        # Every call that judges anything removes what it judged, so this ends; the
-        # bound only guards against a server that keeps answering "more".
+        # Entries a call read and left in place (deferred ones; every one in a dry run)
+        # stay at the front of the expired range: the next call skips them, so each lease
+        # is reported once per sweep and those behind a batch of deferred ones are judged.
+        lease_offset = stock_offset = 0
+        # Every call either removes what it judged or moves an offset forward, so this
+        # ends; the bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
-            verdicts, more = self._call(name, dry_run, offset, client)
-            if not dry_run and not self._confirmed(client or self.connection, verdicts):
-                report.unconfirmed += 1
-            report.run_id, report.uptime = self._last_run_id, self._last_uptime
-            report.primary = self._last_primary
-            report.verdicts.extend(verdicts)
-            judged = sum(1 for v in verdicts if v.verdict.judged)
-            if progress is not None and verdicts:
-                progress(len(verdicts))
-            for verdict in verdicts:
-                if not dry_run:
-                    self.log_verdict(verdict)
-            if any(v.verdict is Verdict.DEAD for v in verdicts) and not dry_run:
-                self.before_finish(verdicts)
-            if not more or (not dry_run and judged == 0):
+            verdicts, more, left_leases, left_stock = self._call(name, dry_run, lease_offset, stock_offset, client)
+            self._take_verdicts(name, verdicts, report, dry_run, progress, client)
+            if not more or (left_leases + left_stock == 0 and not verdicts):
                 break
-            if dry_run:
-                offset += self.settings.batch_size
+            lease_offset += left_leases
+            stock_offset += left_stock
+        if self.rescue_intermediate:
+            verdicts = self._rescue(name, dry_run, client)
+            self._take_verdicts(name, verdicts, report, dry_run, progress, client)
+
+    def _take_verdicts(
+        self,
+        name: str,
+        verdicts: list[LeaseVerdict],
+        report: SweepReport,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+        client: Redis | None,
+    ) -> None:
+        """Add one script call's verdicts to the report, log them, and confirm counted ones."""
+        if not dry_run and not self._confirmed(client or self.connection, verdicts):
+            report.unconfirmed += 1
+        report.run_id, report.uptime = self._last_run_id, self._last_uptime
+        report.primary = self._last_primary
+        report.verdicts.extend(verdicts)
+        if progress is not None and verdicts:
+            progress(len(verdicts))
+        if not dry_run:
+            log = self.log_verdict
+            logging_every = type(self).log_verdict is not Sweeper.log_verdict
+            for verdict in verdicts:
+                if logging_every or logger.isEnabledFor(verdict.verdict.level):
+                    log(verdict)
+            if any(v.verdict is Verdict.DEAD for v in verdicts):
+                self.before_finish(verdicts)
 
     @contextmanager
     def _pinned(self) -> Iterator[Redis]:
@@ -408,17 +432,12 @@ class Sweeper:
         return acked >= 1
 
     def _call(
-        self, name: str, dry_run: bool, offset: int, client: Redis | None = None
-    ) -> tuple[list[LeaseVerdict], bool]:
+        self, name: str, dry_run: bool, lease_offset: int, stock_offset: int, client: Redis | None = None
+    ) -> tuple[list[LeaseVerdict], bool, int, int]:
+        """One call of the sweep script: (verdicts, more, leases left in place, stock entries left in place)."""
         result = scripts.sweep()(
             client if client is not None else self.connection,
-            [
-                keys.leases_key(name),
-                keys.wip_key(name),
-                keys.finishing_key(),
-                keys.stats_key(name),
-                keys.limbo_key(name),
-            ],
+            [keys.leases_key(name), keys.wip_key(name), keys.finishing_key(), keys.stats_key(name)],
             [
                 keys.PREFIX,
                 name,
@@ -427,57 +446,97 @@ class Sweeper:
                 self.settings.grace,
                 self.failure_ttl,
                 '1' if dry_run else '0',
-                offset,
-                self.settings.lease_ttl if self.rescue_intermediate else 0,
-                keys.TAKEN_RECORD_TTL,
+                lease_offset,
+                stock_offset,
             ],
         )
+        verdicts = self._verdicts(name, result, bare_ids=False)
+        return verdicts, int(result[8]) == 1, int(result[9]), int(result[10])
+
+    def _rescue(self, name: str, dry_run: bool, client: Redis | None = None) -> list[LeaseVerdict]:
+        """One call of the rescue script: jobs stranded in RQ's intermediate list for a lease length."""
+        result = scripts.rescue()(
+            client if client is not None else self.connection,
+            [keys.leases_key(name), keys.wip_key(name), keys.limbo_key(name), keys.stats_key(name)],
+            [
+                keys.PREFIX,
+                name,
+                self.settings.batch_size,
+                self.settings.max_stalled,
+                self.settings.lease_ttl,
+                '1' if dry_run else '0',
+            ],
+        )
+        return self._verdicts(name, result, bare_ids=True)
+
+    def _verdicts(self, name: str, result: list[Any], *, bare_ids: bool) -> list[LeaseVerdict]:
+        """Read the reply of a sweep verb (see ``lua/_sweep.lua``); remembers the epoch and role it saw.
+
+        ``bare_ids``: the records' members are job ids (the rescue), not lease members.
+        """
         run_id = text(result[0])
         self._last_run_id, self._last_uptime = run_id, int(result[1])
-        more = int(result[3]) == 1
-        count = int(result[4])
-        rows = result[5 : 5 + 7 * count]
-        tail = [text(x) for x in result[5 + 7 * count : 5 + 7 * count + 5]]
-        if len(tail) == 5:
-            self._last_primary = PrimaryState(
-                role=tail[0],
-                age=float(tail[1]),
-                replicas_online=int(tail[2]),
-                replicas_expected=int(tail[3]),
-                first_seen=float(tail[4]),
-            )
+        role, age, online, expected, first = (text(x) for x in result[3:8])
+        self._last_primary = PrimaryState(
+            role=role,
+            age=float(age),
+            replicas_online=int(online),
+            replicas_expected=int(expected),
+            first_seen=float(first),
+        )
         verdicts = []
-        for i in range(count):
-            member, job_id, verdict, stalled, max_stalled, lease_epoch, _origin = (
-                text(x) for x in rows[i * 7 : i * 7 + 7]
-            )
+        for raw in result[12 : 12 + int(result[11])]:
+            verdict, stalled, max_stalled, length, rest = raw.split(b' ', 4)
+            size = int(length)
+            member = rest[:size].decode('utf-8', 'replace')
+            if bare_ids:
+                job_id = member
+            else:
+                job_id, colon, execution_id = member.partition(':')
+                if not (colon and job_id and execution_id and ':' not in execution_id):
+                    job_id = ''
             verdicts.append(
                 LeaseVerdict(
                     queue=name,
                     member=member,
                     job_id=job_id,
-                    verdict=Verdict(verdict),
+                    verdict=Verdict(verdict.decode()),
                     stalled=int(stalled),
                     max_stalled=int(max_stalled),
-                    lease_epoch=lease_epoch,
+                    lease_epoch=rest[size:].decode('utf-8', 'replace'),
                     run_id=run_id,
                 )
             )
-        return verdicts, more
+        return verdicts
 
     def log_verdict(self, verdict: LeaseVerdict) -> None:
-        """Log one line per verdict on the ``rq_epoch`` logger."""
-        logger.log(
-            verdict.verdict.level,
+        """Log one line per verdict on the ``rq_epoch`` logger.
+
+        The record is made directly (no search of the stack for the caller, which would
+        cost more than the rest of the record): a sweep may log tens of thousands.
+        """
+        level = verdict.verdict.level
+        if not logger.isEnabledFor(level):
+            return
+        record = logger.makeRecord(
+            logger.name,
+            level,
+            __file__,
+            _LOG_VERDICT_LINE,
             'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s',
-            verdict.job_id or '-',
-            verdict.queue,
-            verdict.verdict,
-            verdict.stalled,
-            verdict.max_stalled,
-            verdict.lease_epoch or '(none)',
-            verdict.run_id,
+            (
+                verdict.job_id or '-',
+                verdict.queue,
+                verdict.verdict,
+                verdict.stalled,
+                verdict.max_stalled,
+                verdict.lease_epoch or '(none)',
+                verdict.run_id,
+            ),
+            None,
+            func='log_verdict',
         )
+        logger.handle(record)
 
     def before_finish(self, verdicts: list[LeaseVerdict]) -> None:
         """Called after a sweep call gave dead verdicts, before their side effects run."""
@@ -636,3 +695,6 @@ class Sweeper:
                 send(JobStatus.FAILED, exc_string=reason)
             except Exception:
                 logger.exception('sweep: failed webhooks of job %s raised', job.id)
+
+
+_LOG_VERDICT_LINE = Sweeper.log_verdict.__code__.co_firstlineno

@@ -18,7 +18,7 @@ from rq.utils import now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
-from . import compat, keys, scripts
+from . import compat, scripts
 from .compat import text
 from .errors import OutcomeRefused, RqEpochError
 from .failover import PrimaryWatch
@@ -312,7 +312,7 @@ class Worker(RQWorker):
             scripts.load_all(connection)
             extend_result = scripts.extend()(
                 connection,
-                [registry.leases_key, job.key, keys.taken_key(execution.composite_key)],
+                [registry.leases_key, job.key],
                 [execution.composite_key, ttl],
             )
         for result in results:

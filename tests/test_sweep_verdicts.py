@@ -198,7 +198,7 @@ def test_extend_after_the_sweep_does_not_bring_the_lease_back(conn) -> None:
     job, member = start_job(conn, queue)
     sweep(conn)
     leases_key = keys.leases_key('default')
-    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key, keys.taken_key(member)], [member, 30])
+    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key], [member, 30])
     assert extended == 0
     assert run_id.decode() == current_run_id(conn)
     assert taken == b'recovered'  # the heartbeat learns which verdict took its lease
@@ -211,7 +211,7 @@ def test_extend_of_a_live_lease_pushes_the_deadline_and_restamps(conn) -> None:
     leases_key = keys.leases_key('default')
     before = conn.zscore(leases_key, member)
     extended, run_id, deadline, taken = scripts.extend()(
-        conn, [leases_key, job.key, keys.taken_key(member)], [member, 120]
+        conn, [leases_key, job.key], [member, 120]
     )
     assert extended == 1
     assert taken == b''
@@ -246,3 +246,28 @@ def test_uncounted_lease_waits_for_the_restart_grace(conn, server) -> None:
     )
     assert conn.zscore(keys.leases_key('default'), member) is not None
     expire(conn, 'default', member)
+
+
+def test_deferred_leases_are_reported_once_and_do_not_hide_the_leases_behind_them(conn, server) -> None:
+    """A full batch of deferred leases in front: each is reported once, and the counted ones behind are judged."""
+    queue = Queue('default', connection=conn)
+    batch = 4
+    uncounted = [start_job(conn, queue, epoch=OTHER_EPOCH) for _ in range(batch + 2)]
+    deferred = [job.id for job, _ in uncounted]
+    seconds, micros = conn.time()
+    # The counted leases expire later than every deferred one, so they sit behind them.
+    counted = []
+    for _ in range(3):
+        job, member = start_job(conn, queue, expired=False)
+        conn.zadd(keys.leases_key('default'), {member: seconds + micros / 1e6 - 0.5}, xx=True)
+        counted.append(job.id)
+    for _, member in uncounted:  # deadlines well before the counted ones
+        conn.zadd(keys.leases_key('default'), {member: seconds - 10}, xx=True)
+
+    report = Sweeper(conn, restart_grace=10**6, max_stalled=3, batch_size=batch).sweep(['default'])
+
+    assert Counter(v.job_id for v in report.verdicts) == Counter(deferred + counted)  # each lease once
+    assert sorted(v.job_id for v in report.verdicts if v.verdict == 'deferred') == sorted(deferred)
+    assert sorted(v.job_id for v in report.verdicts if v.verdict == 'recovered') == sorted(counted)
+    assert conn.zcard(keys.leases_key('default')) == len(deferred)
+    assert conn.hget(keys.stats_key('default'), 'recovered') == b'3'

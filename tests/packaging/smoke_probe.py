@@ -42,7 +42,7 @@ def info(*lua_scripts: str) -> dict[str, Any]:
     import rq_epoch
 
     package = resources.files('rq_epoch')
-    scripts = package.joinpath('scripts')
+    scripts = package.joinpath('lua')
     missing = [name for name in lua_scripts if not scripts.joinpath(name).is_file()]
     if not package.joinpath('py.typed').is_file():
         missing.append('py.typed')

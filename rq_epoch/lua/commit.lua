@@ -11,7 +11,7 @@
 -- An execution that was never granted a lease (its job was handed to the worker in a way
 -- that skipped the grant) is refused only on evidence: a sweep's record of taking it, or
 -- a newer holder. Otherwise its commands run, and a record that it committed is left
--- (KEYS[5]), so that the same commit sent again (the worker retries an outcome after a
+-- (KEYS[4]), so that the same commit sent again (the worker retries an outcome after a
 -- connection error, not knowing whether the first attempt landed) is refused as 'gone'
 -- instead of writing twice. A leased execution needs no such record: its first commit
 -- removes its lease member, which the second finds missing.
@@ -19,8 +19,7 @@
 -- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
 -- KEYS[3]  per-queue counters                (<prefix>:epoch:stats:<queue>)
--- KEYS[4]  record of a taken lease           (<prefix>:epoch:taken:<job_id>:<execution_id>)
--- KEYS[5]  record of an unleased commit      (<prefix>:epoch:committed:<job_id>:<execution_id>)
+-- KEYS[4]  record of an unleased commit      (<prefix>:epoch:committed:<job_id>:<execution_id>)
 -- ARGV[1]  lease member, "<job_id>:<execution_id>"
 -- ARGV[2]  execution id
 -- ARGV[3]  "1" to commit (refusals are counted), "0" only to check (before a callback runs)
@@ -34,16 +33,18 @@
 -- Returns {1, reply, reply, ...} (one reply per command, an error reply where a command
 -- failed, as in MULTI/EXEC) when the execution holds its lease; {2, reply, ...} when it
 -- holds none and nobody took over (with no commands, a commit check: the caller must
--- write the record of KEYS[5] in the same transaction as its commands). When the fence
+-- write the record of KEYS[4] in the same transaction as its commands). When the fence
 -- does not hold, nothing is written but the refusal counters (job field `stale_outcomes`,
 -- counter `refused` of the queue, only when ARGV[3] is "1" and there is evidence of a
 -- newer holder), and it returns {0, reason, detail, holder} where holder is the job's
 -- `lease_execution` now ('' if none):
---   taken       a sweep took the lease; detail is its verdict
+--   taken       a sweep took the lease; detail is its verdict (the job's field
+--               "taken:<execution_id>", written by the sweep)
 --   superseded  a newer execution holds the job; detail is that execution's id
 --   gone        the execution's own earlier commit landed (its lease, or the job, is gone,
---               or the record of KEYS[5] exists), or the job was cancelled or deleted
+--               or the record of KEYS[4] exists), or the job was cancelled or deleted
 
+local leases_key, job_key, stats_key, committed_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local member, execution = ARGV[1], ARGV[2]
 local committing = ARGV[3] == '1'
 local ncommands = tonumber(ARGV[4])
@@ -60,31 +61,31 @@ local function run(status)
   return replies
 end
 
-local holder = redis.call('HGET', KEYS[2], 'lease_execution')
-if holder == execution and redis.call('ZSCORE', KEYS[1], member) then
+local holder = redis.call('HGET', job_key, 'lease_execution')
+if holder == execution and redis.call('ZSCORE', leases_key, member) then
   return run(1)
 end
 
 local reason, detail = nil, ''
-local taken = redis.call('GET', KEYS[4])
+local taken = redis.call('HGET', job_key, 'taken:' .. execution)
 if taken then
   reason, detail = 'taken', taken
 elseif holder and holder ~= execution then
   reason, detail = 'superseded', holder
-elseif holder == execution or redis.call('EXISTS', KEYS[2]) == 0 or redis.call('EXISTS', KEYS[5]) == 1 then
+elseif holder == execution or redis.call('EXISTS', job_key) == 0 or redis.call('EXISTS', committed_key) == 1 then
   reason = 'gone'
 end
 
 if not reason then
   -- Never granted, and nobody took over: the outcome lands.
   if committing and ncommands > 0 then
-    redis.call('SET', KEYS[5], '1', 'EX', tonumber(ARGV[5]))
+    redis.call('SET', committed_key, '1', 'EX', tonumber(ARGV[5]))
   end
   return run(2)
 end
 
 if committing and reason ~= 'gone' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('HINCRBY', KEYS[2], 'stale_outcomes', 1) end
-  redis.call('HINCRBY', KEYS[3], 'refused', 1)
+  if redis.call('EXISTS', job_key) == 1 then redis.call('HINCRBY', job_key, 'stale_outcomes', 1) end
+  redis.call('HINCRBY', stats_key, 'refused', 1)
 end
 return {0, reason, detail, holder or ''}

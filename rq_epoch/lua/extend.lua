@@ -6,28 +6,32 @@
 --
 -- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
--- KEYS[3]  record of a taken lease           (<prefix>:epoch:taken:<job_id>:<execution_id>)
 -- ARGV[1]  lease member, "<job_id>:<execution_id>"
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 --
 -- Returns {1, run_id, deadline, ''} when extended. When the lease is gone it returns
 -- {0, run_id, 0, verdict}: verdict is what the sweep that took this execution's lease
--- decided, or '' when no sweep took it (the execution's own outcome ended it), so the
+-- decided (the job's field "taken:<execution_id>", written by the sweep), or '' when no
+-- sweep took it (the execution's own outcome ended it), so the
 -- worker can tell the two apart by this execution's identity alone.
 -- Errors with EPOCH_UNAVAILABLE when the server yields no valid run_id.
 
 -- @include _epoch.lua
 
+local leases_key, job_key = KEYS[1], KEYS[2]
+local member = ARGV[1]
+
 local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
 
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return {0, run_id, '0', redis.call('GET', KEYS[3]) or ''}
+if not redis.call('ZSCORE', leases_key, member) then
+  local execution = string.match(member, ':([^:]+)$') or ''
+  return {0, run_id, '0', redis.call('HGET', job_key, 'taken:' .. execution) or ''}
 end
 
 local deadline = server_now() + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', deadline, ARGV[1])
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HSET', KEYS[2], 'lease_epoch', run_id)
+redis.call('ZADD', leases_key, 'XX', deadline, member)
+if redis.call('EXISTS', job_key) == 1 then
+  redis.call('HSET', job_key, 'lease_epoch', run_id)
 end
 return {1, run_id, tostring(deadline), ''}

@@ -25,23 +25,26 @@
 
 -- @include _epoch.lua
 
+local leases_key, job_key, intermediate_key, limbo_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local member, execution = ARGV[1], ARGV[3]
+
 local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
 
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('EXISTS', job_key) == 0 then
   return {0, run_id, '0'}
 end
 
 local deadline = server_now() + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], deadline, ARGV[1])
-redis.call('HSET', KEYS[2], 'lease_epoch', run_id, 'lease_execution', ARGV[3])
-if KEYS[4] then
-  local job_id = string.sub(ARGV[1], 1, #ARGV[1] - #ARGV[3] - 1)
-  redis.call('LREM', KEYS[3], 1, job_id)
-  redis.call('HDEL', KEYS[4], job_id)
+redis.call('ZADD', leases_key, deadline, member)
+redis.call('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
+if limbo_key then
+  local job_id = string.sub(member, 1, #member - #execution - 1)
+  redis.call('LREM', intermediate_key, 1, job_id)
+  redis.call('HDEL', limbo_key, job_id)
 end
-if redis.call('HEXISTS', KEYS[2], 'stall_dead') == 1 then
-  redis.call('HSET', KEYS[2], 'stalled', 0)
-  redis.call('HDEL', KEYS[2], 'stall_dead', 'stall_epochs')
+if redis.call('HEXISTS', job_key, 'stall_dead') == 1 then
+  redis.call('HSET', job_key, 'stalled', 0)
+  redis.call('HDEL', job_key, 'stall_dead', 'stall_epochs')
 end
 return {1, run_id, tostring(deadline)}

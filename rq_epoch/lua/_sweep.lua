@@ -1,0 +1,52 @@
+-- Helpers shared by the two sweep verbs (sweep.lua: lease verdicts; rescue.lua: RQ's
+-- intermediate list). The loader pastes this file where a script says
+-- `-- @include _sweep.lua`, after `-- @include _epoch.lua`.
+--
+-- record(member, verdict, stalled, max_stalled, lease_epoch, dry)
+--   Adds one verdict to the reply as a single string
+--   "<verdict> <stalled> <max_stalled> <byte length of member> <member><lease_epoch>"
+--   (one reply element per lease: the client parses one string instead of seven), and
+--   counts it for the per-queue counters unless it is a dry run or a deferral.
+-- count_verdicts(stats_key)
+--   Adds the verdicts of this call to the per-queue counters, one HINCRBY per verdict.
+-- reply(run_id, uptime, now, primary, more, left_leases, left_stock)
+--   The reply every sweep verb returns: {run_id, uptime, now, role, primary_age,
+--   replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
+--   left_stock, n, <n records>}.
+-- requeue(prefix, job_key, job_id, queue, intermediate, ...)
+--   Status queued, pushed at the front of <prefix>:queue:<queue>, the queue registered in
+--   <prefix>:queues; with `intermediate` true, its entry in <prefix>:queue:<queue>:intermediate
+--   is removed too (a started job has none: the grant, or RQ's own start, removed it).
+--   `...` are more fields of the job to write in the same HSET.
+
+local records = {}
+local tally = {}
+local registered = {}
+
+local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
+  records[#records + 1] = string.format('%s %d %d %d %s%s', verdict, stalled or 0, max_stalled or 0, #member,
+                                        member, lease_epoch or '')
+  if not dry and verdict ~= 'deferred' then tally[verdict] = (tally[verdict] or 0) + 1 end
+end
+
+local function count_verdicts(stats_key)
+  for verdict, count in pairs(tally) do redis.call('HINCRBY', stats_key, verdict, count) end
+end
+
+local function reply(run_id, uptime, now, primary, more, left_leases, left_stock)
+  local head = {run_id, tostring(uptime), tostring(now), primary.role, tostring(primary.age), primary.online,
+                primary.expected, tostring(primary.first), more, left_leases, left_stock, #records}
+  for i = 1, #records do head[#head + 1] = records[i] end
+  return head
+end
+
+local function requeue(prefix, job_key, job_id, queue, intermediate, ...)
+  local queue_key = prefix .. ':queue:' .. queue
+  redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
+  if intermediate then redis.call('LREM', queue_key .. ':intermediate', 0, job_id) end
+  redis.call('LPUSH', queue_key, job_id)
+  if not registered[queue_key] then
+    redis.call('SADD', prefix .. ':queues', queue_key)
+    registered[queue_key] = true
+  end
+end

@@ -1,0 +1,215 @@
+-- sweep: give each expired lease of one queue exactly one verdict.
+--
+-- Runs atomically per call, so any number of sweepers (every worker's maintenance and
+-- any number of cron jobs) can run at once: a lease is judged by exactly one of them.
+--
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
+-- KEYS[3]  dead letters awaiting their Python side effects (<prefix>:epoch:finishing)
+-- KEYS[4]  per-queue verdict counters, and last_sweep: server TIME of the last call (<prefix>:epoch:stats:<queue>)
+-- ARGV[1]  RQ key prefix ("rq")
+-- ARGV[2]  queue name
+-- ARGV[3]  batch: at most this many entries are read from each sorted set
+-- ARGV[4]  default max_stalled (a job's own max_stalled field wins)
+-- ARGV[5]  restart grace in seconds: uncounted leases wait until the server has been primary this long
+-- ARGV[6]  failure TTL in seconds for jobs without their own failure_ttl
+-- ARGV[7]  "1" for a dry run: verdicts are computed, nothing is written
+-- ARGV[8]  offset into the expired leases of KEYS[1]: how many the caller saw left in
+--          place by earlier calls of the same sweep (deferred ones; every one in a dry run)
+-- ARGV[9]  the same offset into the expired entries of KEYS[2]
+--
+-- Keys derived from ARGV[1] (prefix), ARGV[2] (queue) and each member
+-- "<job_id>:<execution_id>":
+--   <prefix>:job:<job_id>                       the job hash (read; written by verdicts)
+--   <prefix>:execution:<member>                 RQ's execution record (deleted)
+--   <prefix>:executions:<job_id>                RQ's executions of the job (member removed)
+--   <prefix>:worker:<worker_name>:executions    RQ's executions of the worker (member removed)
+--   <prefix>:queue:<queue>                      the queue (requeued jobs pushed at the front;
+--                                               read with LPOS for a granted, never-started job)
+--   <prefix>:queue:<queue>:intermediate         RQ's intermediate list (the entry of a granted,
+--                                               never-started job removed)
+--   <prefix>:queues                             RQ's set of queues (the queue registered)
+--   <prefix>:failed:<queue>                     RQ's FailedJobRegistry (dead letters)
+--   <prefix>:epoch:primaries                    when this process became primary (_epoch.lua)
+--
+-- Expired entries are read from two places: rq-epoch's leases (deadline <= TIME), and
+-- RQ's StartedJobRegistry entries with a finite expired score, which only stock workers
+-- write (rq-epoch gives its own entries the score +inf). The latter carry no stamp of
+-- rq-epoch's and are never counted.
+--
+-- Verdicts (docs: the verdict table):
+--   ghost      job hash gone                      -> entry removed
+--   corrupt    member malformed / job not a hash  -> entry removed, foreign key untouched
+--   settled    job no longer started              -> entry removed, job untouched
+--   exempt     stamp missing or another process   -> requeued at front, stalled unchanged
+--   recovered  stamp is this process, budget left -> stalled + 1, requeued at front
+--   dead       stamp is this process, budget gone -> stalled + 1, failed, awaiting finish
+--   deferred   uncounted, but the server is younger than the grace: left for later
+--
+-- When a verdict takes a lease from an execution that may still be running (exempt,
+-- recovered, dead, or settled because a newer execution holds the job), the job hash
+-- gets the field "taken:<execution_id>" = verdict, in the HSET the verdict writes anyway.
+-- The extend and commit scripts read it: the execution learns, at its next heartbeat or
+-- commit, which verdict took its lease.
+--
+-- The restart grace counts from when this server process began serving the dataset as
+-- primary (restart or promotion), as recorded in <prefix>:epoch:primaries (see
+-- primary_epoch in _epoch.lua), not from its uptime: a promoted replica has been up long.
+-- A process that was primary before (demoted, then promoted again) also defers leases
+-- stamped with its own run_id during the grace: they may date from its earlier term.
+-- A server that is not a primary, or a primary that had replicas in its epoch and has
+-- none online now (demoted or cut off), judges nothing: no verdict, no write.
+--
+-- Returns the reply of _sweep.lua: {run_id, uptime, now, role, primary_age,
+-- replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
+-- left_stock, n, <n records>}; left_leases / left_stock are how many entries this call
+-- read from KEYS[1] / KEYS[2] and left in place (the caller adds them to its offsets).
+
+-- @include _epoch.lua
+-- @include _sweep.lua
+
+local leases_key, wip_key, finishing_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+
+local run_id, uptime, err = current_epoch()
+if err then return redis.error_reply(err) end
+
+local prefix = ARGV[1]
+local queue = ARGV[2]
+local batch = tonumber(ARGV[3])
+local default_max = tonumber(ARGV[4])
+local grace = tonumber(ARGV[5])
+local default_failure_ttl = tonumber(ARGV[6])
+local dry = ARGV[7] == '1'
+local lease_offset = tonumber(ARGV[8]) or 0
+local stock_offset = tonumber(ARGV[9]) or 0
+local now = server_now()
+local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', not dry)
+if primary.role ~= 'master' or primary.isolated then
+  return reply(run_id, uptime, now, primary, 0, 0, 0)
+end
+
+local queue_key = prefix .. ':queue:' .. queue
+-- Entries read and left in place by this call.
+local left = 0
+
+-- Forget the lease entry and RQ's records of the execution.
+local function drop(member, job_id, exec_id)
+  redis.call('ZREM', leases_key, member)
+  redis.call('ZREM', wip_key, member)
+  if job_id then
+    local execution_key = prefix .. ':execution:' .. member
+    local worker_name = redis.call('HGET', execution_key, 'worker_name')
+    redis.call('DEL', execution_key)
+    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+    if worker_name and worker_name ~= '' then
+      redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
+    end
+  end
+end
+
+local function bury(job_key, job_id, failure_ttl, stalled, epochs, taken_field)
+  local ttl = tonumber(failure_ttl)
+  if ttl == nil or ttl <= 0 then ttl = default_failure_ttl end
+  redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1', 'stalled', stalled, 'stall_epochs', epochs,
+             taken_field, 'dead')
+  redis.call('ZADD', prefix .. ':failed:' .. queue, now + ttl, job_id)
+  redis.call('ZADD', finishing_key, 0, queue .. '|' .. job_id)
+end
+
+local function judge(member, stock)
+  local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+  if not job_id then
+    if not dry then drop(member, nil, nil) end
+    return record(member, 'corrupt', 0, 0, '', dry)
+  end
+  local job_key = prefix .. ':job:' .. job_id
+  -- One read for the common case; the key's type is only asked when the read fails.
+  local f = redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
+                        'exempt_recoveries', 'stall_epochs', 'failure_ttl')
+  if f.err then
+    if not dry then drop(member, nil, nil) end
+    return record(member, 'corrupt', 0, 0, '', dry)
+  end
+  if not f[1] and redis.call('EXISTS', job_key) == 0 then
+    if not dry then drop(member, job_id, exec_id) end
+    return record(member, 'ghost', 0, 0, '', dry)
+  end
+  local status, epoch, lease_execution = f[1], f[2], f[5]
+  local stalled = tonumber(f[3]) or 0
+  local max_stalled = tonumber(f[4])
+  if max_stalled == nil or max_stalled < 1 or max_stalled % 1 ~= 0 then max_stalled = default_max end
+  if stock then epoch = false end
+  local taken_field = 'taken:' .. exec_id
+
+  local never_started = false
+  if status == 'started' then
+    if not stock and lease_execution and lease_execution ~= exec_id then
+      if not dry then
+        drop(member, job_id, exec_id)
+        redis.call('HSET', job_key, taken_field, 'settled')
+      end
+      return record(member, 'settled', stalled, max_stalled, epoch, dry)
+    end
+  elseif status == 'queued' and not stock and lease_execution == exec_id
+      and not redis.call('LPOS', queue_key, job_id) then
+    -- Granted, then the worker died before the job started: it never ran, so it did
+    -- not stall. Requeued uncounted.
+    never_started = true
+  else
+    if not dry then drop(member, job_id, exec_id) end
+    return record(member, 'settled', stalled, max_stalled, epoch, dry)
+  end
+
+  local counted = (not never_started) and epoch and epoch == run_id
+  if (counted and primary.returning and primary.age < grace) or (not counted and primary.age < grace) then
+    -- Uncounted, or stamped by this process in an earlier term as primary: wait for the grace.
+    left = left + 1
+    return record(member, 'deferred', stalled, max_stalled, epoch, dry)
+  end
+  if not counted then
+    if not dry then
+      drop(member, job_id, exec_id)
+      requeue(prefix, job_key, job_id, queue, never_started, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
+    end
+    return record(member, 'exempt', stalled, max_stalled, epoch, dry)
+  end
+
+  stalled = stalled + 1
+  local epochs = f[7]
+  if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
+  if stalled < max_stalled then
+    if not dry then
+      drop(member, job_id, exec_id)
+      requeue(prefix, job_key, job_id, queue, false, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
+    end
+    return record(member, 'recovered', stalled, max_stalled, epoch, dry)
+  end
+  if not dry then
+    drop(member, job_id, exec_id)
+    bury(job_key, job_id, f[8], stalled, epochs, taken_field)
+  end
+  return record(member, 'dead', stalled, max_stalled, epoch, dry)
+end
+
+local leases = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch)
+for _, member in ipairs(leases) do judge(member, false) end
+local left_leases = left
+if dry then left_leases = #leases end
+
+-- Stock workers' entries: finite, expired scores in RQ's registry, not managed by us.
+left = 0
+local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)
+for _, member in ipairs(stock) do
+  if redis.call('ZSCORE', leases_key, member) then left = left + 1 else judge(member, true) end
+end
+local left_stock = left
+if dry then left_stock = #stock end
+
+if not dry then
+  count_verdicts(stats_key)
+  redis.call('HSET', stats_key, 'last_sweep', tostring(now))
+end
+
+local more = 0
+if #leases >= batch or #stock >= batch then more = 1 end
+return reply(run_id, uptime, now, primary, more, left_leases, left_stock)
