@@ -22,8 +22,10 @@ from .job import EpochJobMixin, Job
 from .jobclass import epoch_job_class, is_epoch_job_class
 from .queue import Queue
 from .registry import StartedJobRegistry
+from .report import LeaseVerdict, SweepReport
+from .server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
 from .settings import EpochSettings
-from .sweep import LeaseVerdict, PrimaryState, ServerEpoch, Sweeper, SweepReport, read_epoch, read_primary_state
+from .sweep import Sweeper
 from .verdicts import Verdict
 from .worker import Worker
 

@@ -28,9 +28,11 @@ from .formatting import format_job, format_primary, format_status, format_sweep
 from .job import Job
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
+from .report import LeaseVerdict, SweepReport
+from .server import read_epoch
 from .settings import EpochSettings
 from .status import read_status, server_now
-from .sweep import LeaseVerdict, Sweeper, SweepReport, read_epoch
+from .sweep import Sweeper
 from .verdicts import Verdict
 
 if TYPE_CHECKING:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from .report import LeaseVerdict, SweepReport
+from .server import PrimaryState, ServerEpoch
 from .settings import EpochSettings
 from .status import STATUS_SCAN_LIMIT, grace_left
-from .sweep import LeaseVerdict, PrimaryState, ServerEpoch, SweepReport
 from .verdicts import Verdict
 
 __all__ = ['format_job', 'format_primary', 'format_status', 'format_sweep', 'format_verdict', 'one_line']

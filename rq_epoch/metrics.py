@@ -13,7 +13,7 @@ up to ``scan_limit`` entries.
 =========  =================================================================================
 round trip what it reads
 =========  =================================================================================
-1          :func:`rq_epoch.sweep.read_epoch`: ``INFO server`` (the run_id)
+1          :func:`rq_epoch.server.read_epoch`: ``INFO server`` (the run_id)
 2          pipelined: ``TIME``, ``INFO replication``, the primaries record
            (``<prefix>:epoch:primaries``, for the age of the epoch) and the members of
            ``<prefix>:queues``
@@ -37,8 +37,8 @@ from . import epoch, keys
 from .compat import optional_text, text
 from .errors import RqEpochError
 from .job import stalled_count
+from .server import PrimaryState, ServerEpoch, primary_state, read_epoch
 from .settings import EpochSettings
-from .sweep import PrimaryState, ServerEpoch, primary_state, read_epoch
 from .verdicts import Verdict
 
 if TYPE_CHECKING:

@@ -18,8 +18,10 @@ from rq.job import Job as RQJob
 from . import keys
 from .compat import text
 from .job import stalled_count
+from .report import SweepReport
+from .server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
 from .settings import EpochSettings
-from .sweep import PrimaryState, ServerEpoch, Sweeper, SweepReport, read_epoch, read_primary_state
+from .sweep import Sweeper
 from .verdicts import Verdict
 
 if TYPE_CHECKING:

@@ -26,8 +26,10 @@ from .fence import Fence, arm
 from .job import EpochJobMixin, Job
 from .jobclass import adopt, resolve_job_class
 from .registry import StartedJobRegistry
+from .report import SweepReport
+from .server import read_epoch
 from .settings import EpochSettings
-from .sweep import Sweeper, SweepReport, read_epoch
+from .sweep import Sweeper
 from .take import Taker
 
 if TYPE_CHECKING:

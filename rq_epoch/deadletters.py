@@ -1,0 +1,199 @@
+"""The Python side effects of dead letters: what RQ does when a job fails, run once per dead letter.
+
+The sweep script dead-letters a job in the server and lists it in ``<prefix>:epoch:finishing``;
+:class:`DeadLetters` (a base of :class:`~rq_epoch.sweep.Sweeper`) claims those entries and runs
+the job's ``on_failure`` callback, the exception handlers, its dependents, its failure Result
+and webhooks, each exactly once whatever the number of sweepers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from redis.exceptions import WatchError
+from rq.job import JobStatus
+from rq.timeouts import BaseDeathPenalty
+from rq.utils import now
+
+from . import compat, keys, scripts
+from .compat import text
+from .errors import StalledJobError
+from .job import Job
+from .queue import Queue
+from .report import SweepReport
+from .settings import EpochSettings
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+__all__ = ['DeadLetters']
+
+logger = logging.getLogger('rq_epoch')
+
+
+class DeadLetters:
+    """Finishes dead letters: claims them and runs their side effects (see the module)."""
+
+    connection: Redis
+    settings: EpochSettings
+    job_class: type[Job]
+    queue_class: type[Queue]
+    serializer: Any
+    claim_ttl: int
+    death_penalty_class: type[BaseDeathPenalty]
+    exception_handlers: Sequence[Callable[..., Any]]
+
+    def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
+        """Run the side effects of dead letters nobody has finished (claimed, bounded)."""
+        done: list[str] = []
+        while len(done) < limit:
+            claimed = scripts.claim()(
+                self.connection, [keys.finishing_key()], [min(100, limit - len(done)), self.claim_ttl]
+            )
+            if not claimed:
+                break
+            done.extend(self.finish_many([text(raw) for raw in claimed]))
+        if report is not None:
+            report.finished.extend(done)
+        return done
+
+    def failure_reason(self, job: Job, max_stalled: int, epochs: Any = None) -> str:
+        """The text of a dead letter's failure, as ``exc_info`` and in its failure Result.
+
+        ``epochs`` is the job's ``stall_epochs`` field when the caller has read it already.
+        """
+        if epochs is None:
+            epochs = self.connection.hget(job.key, 'stall_epochs')
+        epoch_list = text(epochs).split(',') if epochs else [job.lease_epoch or '']
+        unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
+        return (
+            f'{StalledJobError.__name__}: job stalled {job.stalled} time(s) (max_stalled {max_stalled}): '
+            f'its workers went away while the server stayed up; '
+            f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {now().isoformat()}'
+        )
+
+    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+        """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
+        logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
+
+    def finish_many(self, members: list[str]) -> list[str]:
+        """Side effects of claimed dead letters, a batch at a time; returns the job ids finished.
+
+        Two round trips read every job, its stall epochs and whether it has dependents;
+        callbacks and handlers run per job, dependents only for jobs that have some; one
+        transaction then writes every failure Result and removes the finishing entries,
+        so each Result exists exactly once. If another sweeper touches the finishing set
+        meanwhile, the batch falls back to one transaction per job.
+        """
+        finishing = keys.finishing_key()
+        ids = [m.split('|', 1)[1] for m in members]
+        jobs = self.job_class.fetch_many(ids, connection=self.connection, serializer=self.serializer)
+        with self.connection.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hget(keys.job_key(job_id), 'stall_epochs')
+                pipe.exists(keys.job_dependents_key(job_id))
+            extra = pipe.execute()
+        ready: list[tuple[str, Job, str]] = []
+        moot = []
+        for i, (member, job) in enumerate(zip(members, jobs, strict=True)):
+            if job is None or job.get_status(refresh=False) != JobStatus.FAILED:
+                moot.append(member)  # gone, or requeued by hand before we finished
+                continue
+            job = cast(Job, job)
+            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, extra[2 * i] or '')
+            self._side_effects(job, member.split('|', 1)[0], reason, bool(extra[2 * i + 1]))
+            ready.append((member, job, reason))
+        if moot:
+            self.connection.zrem(finishing, *moot)
+        recorded = self._record_failures(ready)
+        for member, job, reason in ready:
+            if member in recorded:
+                self._after_failure(job, reason)
+        return [job.id for member, job, _ in ready if member in recorded]
+
+    def _side_effects(self, job: Job, queue_name: str, reason: str, has_dependents: bool) -> None:
+        error = StalledJobError(reason)
+        self._run_failure_callback(job, error)
+        for handler in self.exception_handlers:
+            try:
+                if handler(job, StalledJobError, error, None) is False:
+                    break
+            except Exception:
+                logger.exception('sweep: exception handler for job %s raised', job.id)
+        if has_dependents:
+            queue = self.queue_class(
+                queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
+            )
+            try:
+                queue.enqueue_dependents(job)
+            except Exception:
+                logger.exception('sweep: could not enqueue dependents of job %s', job.id)
+
+    def _record_failures(self, ready: list[tuple[str, Job, str]]) -> set[str]:
+        """One transaction for the batch; job by job if the finishing set changed meanwhile."""
+        if not ready:
+            return set()
+        finishing = keys.finishing_key()
+        members = [member for member, _, _ in ready]
+        with self.connection.pipeline() as pipeline:
+            try:
+                pipeline.watch(finishing)
+                scores = pipeline.zmscore(finishing, members)
+                pipeline.multi()
+                kept = set()
+                for (member, job, reason), score in zip(ready, scores, strict=True):
+                    if score is None:
+                        continue
+                    kept.add(member)
+                    self._queue_failure(pipeline, job, member, reason)
+                pipeline.execute()
+            except WatchError:
+                kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
+        for member, job, reason in ready:
+            if member in kept:
+                self.log_dead_letter(job, member.split('|', 1)[0], reason)
+        return kept
+
+    def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
+        try:
+            compat.execute_failure_callback(job, self.death_penalty_class, StalledJobError, error, None)
+        except Exception:
+            logger.exception('sweep: on_failure callback of job %s raised', job.id)
+
+    @staticmethod
+    def _queue_failure(pipeline: Any, job: Job, member: str, reason: str) -> None:
+        """Queue RQ's failure bookkeeping (status, registry, Result) and drop the finishing entry."""
+        job.ended_at = now()
+        compat.record_job_failure(job, reason, pipeline)
+        pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
+        pipeline.zrem(keys.finishing_key(), member)
+
+    def _record_failure(self, job: Job, member: str, reason: str) -> bool:
+        finishing = keys.finishing_key()
+        for _ in range(10):
+            with self.connection.pipeline() as pipeline:
+                try:
+                    pipeline.watch(finishing)
+                    if pipeline.zscore(finishing, member) is None:
+                        return False
+                    pipeline.multi()
+                    self._queue_failure(pipeline, job, member, reason)
+                    pipeline.execute()
+                    return True
+                except WatchError:
+                    continue
+        return False
+
+    def _after_failure(self, job: Job, reason: str) -> None:
+        try:
+            compat.release_rate_limit_slot(job)
+        except Exception:
+            logger.exception('sweep: could not release the rate-limit slot of job %s', job.id)
+        send = getattr(job, 'send_webhooks', None)
+        if send is not None:
+            try:
+                send(JobStatus.FAILED, exc_string=reason)
+            except Exception:
+                logger.exception('sweep: failed webhooks of job %s raised', job.id)
