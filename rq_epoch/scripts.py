@@ -10,10 +10,11 @@ EVALSHA is queued directly, so a script adds no round trip of its own (a redis-p
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
@@ -54,7 +55,7 @@ def _expand(text: str) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def raise_typed(exc: ResponseError) -> None:
+def raise_typed(exc: ResponseError) -> NoReturn:
     """Re-raise a server error from a script as rq-epoch's typed error where one applies."""
     text = str(exc)
     if EPOCH_UNAVAILABLE in text:
@@ -104,32 +105,24 @@ def _script(name: str) -> ServerScript:
     return ServerScript(name, _expand(_read(f'{name}.lua')))
 
 
-def grant() -> ServerScript:
-    return _script('grant')
+def _verb(name: str) -> Callable[[], ServerScript]:
+    """The accessor of one verb's script (read, expanded and hashed once per process)."""
+
+    def script() -> ServerScript:
+        return _script(name)
+
+    script.__name__ = script.__qualname__ = name
+    script.__doc__ = f'The ``{name}`` script (``lua/{name}.lua``).'
+    return script
 
 
-def extend() -> ServerScript:
-    return _script('extend')
-
-
-def sweep() -> ServerScript:
-    return _script('sweep')
-
-
-def rescue() -> ServerScript:
-    return _script('rescue')
-
-
-def claim() -> ServerScript:
-    return _script('claim')
-
-
-def commit() -> ServerScript:
-    return _script('commit')
-
-
-def take() -> ServerScript:
-    return _script('take')
+grant = _verb('grant')
+extend = _verb('extend')
+sweep = _verb('sweep')
+rescue = _verb('rescue')
+claim = _verb('claim')
+commit = _verb('commit')
+take = _verb('take')
 
 
 def load_all(connection: Redis) -> None:

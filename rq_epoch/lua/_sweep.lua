@@ -33,6 +33,13 @@ local function count_verdicts(stats_key)
   for verdict, count in pairs(tally) do redis.call('HINCRBY', stats_key, verdict, count) end
 end
 
+-- This server's primary epoch (recorded unless dry), and whether a sweep here may judge:
+-- only on a primary that is not isolated (see primary_epoch in _epoch.lua).
+local function judging_primary(run_id, uptime, now, prefix, dry)
+  local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', not dry)
+  return primary, primary.role == 'master' and not primary.isolated
+end
+
 local function reply(run_id, uptime, now, primary, more, left_leases, left_stock)
   local head = {run_id, tostring(uptime), tostring(now), primary.role, tostring(primary.age), primary.online,
                 primary.expected, tostring(primary.first), more, left_leases, left_stock, #records}

@@ -37,17 +37,12 @@ local leases_key, wip_key, limbo_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEY
 local run_id, uptime, err = current_epoch()
 if err then return redis.error_reply(err) end
 
-local prefix = ARGV[1]
-local queue = ARGV[2]
-local batch = tonumber(ARGV[3])
-local default_max = tonumber(ARGV[4])
-local limbo_timeout = tonumber(ARGV[5])
+local prefix, queue = ARGV[1], ARGV[2]
+local batch, default_max, limbo_timeout = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local dry = ARGV[6] == '1'
 local now = server_now()
-local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', not dry)
-if primary.role ~= 'master' or primary.isolated then
-  return reply(run_id, uptime, now, primary, 0, 0, 0)
-end
+local primary, judges = judging_primary(run_id, uptime, now, prefix, dry)
+if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0) end
 
 local queue_key = prefix .. ':queue:' .. queue
 local intermediate = queue_key .. ':intermediate'

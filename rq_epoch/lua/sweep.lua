@@ -83,10 +83,8 @@ local dry = ARGV[7] == '1'
 local lease_offset = tonumber(ARGV[8]) or 0
 local stock_offset = tonumber(ARGV[9]) or 0
 local now = server_now()
-local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', not dry)
-if primary.role ~= 'master' or primary.isolated then
-  return reply(run_id, uptime, now, primary, 0, 0, 0)
-end
+local primary, judges = judging_primary(run_id, uptime, now, prefix, dry)
+if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0) end
 
 local queue_key = prefix .. ':queue:' .. queue
 -- Entries read and left in place by this call.
