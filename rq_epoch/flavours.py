@@ -35,7 +35,8 @@ from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import SpawnWorker as RQSpawnWorker
 
 from .errors import RqEpochError
-from .worker import _CONNECTION_ERRORS, Worker
+from .outcomes import CONNECTION_ERRORS
+from .worker import Worker
 
 if TYPE_CHECKING:
     from rq.executions import Execution
@@ -82,7 +83,7 @@ class LeaseKeeper(threading.Thread):
         while not self.stopped.is_set():
             try:
                 extended, run_id, taken = self.worker._heartbeat_lease(self.job, self.execution, self.connection)
-            except _CONNECTION_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 self.worker._server_unreachable(exc)
                 self.stopped.wait(delay)
                 delay = min(delay * 2, self.worker._max_backoff())

@@ -1,4 +1,9 @@
-"""RQ's Worker, with epoch-stamped leases and its own frequent epoch-aware sweep."""
+"""RQ's Worker, with epoch-stamped leases and its own frequent epoch-aware sweep.
+
+:class:`Worker` is built in layers over RQ's worker, one module each: fenced outcomes
+(:mod:`rq_epoch.outcomes`), grants and heartbeats (:mod:`rq_epoch.heartbeats`), and here the
+start-up, following the primary, riding out outages, taking jobs and sweeping.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +11,23 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
 from rq.utils import now
-from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
 from . import compat, scripts
-from .compat import text
-from .errors import OutcomeRefused, RqEpochError
+from .errors import RqEpochError
 from .failover import PrimaryWatch
-from .fence import Fence, arm
-from .job import EpochJobMixin, Job
-from .jobclass import adopt, resolve_job_class
-from .registry import StartedJobRegistry
+from .heartbeats import Heartbeats
+from .job import Job
+from .jobclass import resolve_job_class
+from .outcomes import CONNECTION_ERRORS, FencedOutcomes
 from .report import SweepReport
 from .server import read_epoch
 from .settings import EpochSettings
@@ -33,19 +35,15 @@ from .sweep import Sweeper
 from .take import Taker
 
 if TYPE_CHECKING:
-    from redis import Redis
     from redis.client import Pipeline, PubSub, PubSubWorkerThread
-    from rq.executions import Execution
     from rq.queue import Queue as RQQueue
 
 __all__ = ['Worker']
 
-T = TypeVar('T')
-
-_CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
-class Worker(RQWorker):
+
+class Worker(Heartbeats):
     """An RQ worker whose leases carry the server epoch.
 
     * grants a lease stamped with the server's run_id when it starts an execution, and
@@ -62,8 +60,6 @@ class Worker(RQWorker):
     """
 
     job_class = Job
-    #: Longest wait, in seconds, for the server to return while an outcome is unwritten.
-    outcome_retry_limit: float = 600.0
 
     def __init__(
         self,
@@ -200,326 +196,6 @@ class Worker(RQWorker):
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
-    # -- leases ----------------------------------------------------------------------
-
-    def get_heartbeat_ttl(self, job: RQJob, working_time: float = 0.0) -> int:
-        """Seconds the lease lasts past this heartbeat: the interval plus the lease margin."""
-        interval = self.epoch_settings.heartbeat_interval
-        if job.timeout and job.timeout > 0:
-            if not working_time and job.started_at:
-                working_time = (now() - job.started_at).total_seconds()
-            interval = max(1, int(min(job.timeout - working_time, interval)))
-        return interval + self.epoch_settings.lease_margin
-
-    def prepare_execution(self, job: RQJob) -> Execution:
-        """Start an execution as RQ does; the grant script rides in RQ's transaction.
-
-        The job object then carries the execution's :class:`~rq_epoch.fence.Fence` (the
-        work-horse inherits it), so its callbacks run only while the lease is held. A job
-        object of a class without the epoch behaviour is given it first (see
-        :func:`rq_epoch.jobclass.adopt`): every execution this worker starts is leased.
-        """
-        adopt(job)
-        try:
-            execution = super().prepare_execution(job)
-        except redis.exceptions.NoScriptError:
-            # The server restarted since the scripts were loaded; RQ's writes landed,
-            # the grant did not. Load the scripts and grant now.
-            scripts.load_all(self.connection)
-            if self.execution is None:
-                raise
-            execution = self.execution
-            registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
-            scripts.grant()(
-                self.connection,
-                registry.grant_keys(job.id),
-                [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
-            )
-        cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
-        return execution
-
-    def perform_job(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> bool:
-        """Run the job as RQ does (in the work-horse, or in-process), as the execution that holds its lease.
-
-        A job object without the epoch behaviour is given it, and one that does not carry
-        its execution's fence yet (a spawned work-horse fetched it anew) is given it.
-        """
-        leased = cast(EpochJobMixin, adopt(job))
-        execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
-        if leased.fence is None and execution is not None and execution.job_id == job.id:
-            leased.fence = Fence(job.origin, job.id, execution.id)
-        return bool(super().perform_job(job, queue, *args, **kwargs))
-
-    def prepare_job_execution(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
-        """RQ's preparation in the work-horse (status "started"), riding out a server outage.
-
-        The job has not run yet: a connection error here must not fail it. RQ's writes are
-        one transaction and idempotent, so they are tried again with backoff; meanwhile
-        the worker keeps heartbeating and stops this horse if a sweep takes the lease.
-        """
-        give_up = time.monotonic() + self.outcome_retry_limit
-        self.with_backoff(lambda: super(Worker, self).prepare_job_execution(job, *args, **kwargs), give_up)
-
-    def maintain_heartbeats(self, job: RQJob, execution: Execution | None = None) -> None:
-        """Heartbeat the worker, the execution and the job, and extend the stamped lease.
-
-        One round trip, as RQ's own heartbeat. A server outage is ridden out: attempts are
-        retried with exponential backoff for up to one heartbeat interval, then the
-        work-horse is checked again and the next heartbeat goes on trying. A lease that a
-        sweep has taken is not brought back: the work-horse is stopped, since the job has
-        been handed on.
-        """
-        execution = execution if execution is not None else self.execution
-        if execution is None:
-            return
-        adopt(job)
-        deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
-        try:
-            extended, run_id, taken = self.with_backoff(
-                lambda: self._heartbeat_lease(job, execution), deadline, lambda exc, _: self._server_unreachable(exc)
-            )
-        except _CONNECTION_ERRORS:
-            return  # the next heartbeat goes on trying
-        self._server_reachable(run_id)
-        if not extended and taken:
-            # A sweep took this execution's lease (its record names this execution). A
-            # lease that is gone without such a record was ended by the work-horse's own
-            # commit, which may still be running RQ's steps that follow it.
-            self._lease_lost(job, taken)
-        self._sweep_if_due()
-
-    def _heartbeat_lease(
-        self, job: RQJob, execution: Execution, connection: Redis | None = None
-    ) -> tuple[bool, str, str]:
-        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease).
-
-        ``connection``: the client to send it with (a lease keeper thread has its own).
-        """
-        connection = connection if connection is not None else self.connection
-        worker_ttl = self.job_monitoring_interval + 60
-        if compat.HEARTBEAT_TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
-            working_time = (now() - job.started_at).total_seconds() if job.started_at else 0.0
-            ttl = int(self.get_heartbeat_ttl(job, working_time=working_time))
-        else:
-            ttl = int(self.get_heartbeat_ttl(job))
-        registry = job.started_job_registry
-        with connection.pipeline() as pipeline:
-            self.heartbeat(worker_ttl, pipeline=pipeline)
-            execution.heartbeat(registry, ttl, pipeline=pipeline)
-            job_index = len(pipeline)
-            job.heartbeat(now(), ttl, pipeline=pipeline, xx=True)
-            results = pipeline.execute(raise_on_error=False)
-        extend_result = results[registry.extend_index] if registry.extend_index is not None else None
-        if isinstance(extend_result, redis.exceptions.NoScriptError):
-            scripts.load_all(connection)
-            extend_result = scripts.extend()(
-                connection,
-                [registry.leases_key, job.key],
-                [execution.composite_key, ttl],
-            )
-        for result in results:
-            if isinstance(result, redis.exceptions.ResponseError) and result is not extend_result:
-                if not isinstance(result, redis.exceptions.NoScriptError):
-                    raise result
-        if isinstance(extend_result, redis.exceptions.ResponseError):
-            scripts.raise_typed(extend_result)
-        with connection.pipeline() as pipeline:
-            if results[job_index] == 1:  # the job hash was gone: don't leave a stub (rq#1450)
-                pipeline.delete(job.key)
-            if results[0] == 1:  # the worker hash had expired
-                pipeline.hset(self.key, mapping=self.serialize())
-                pipeline.expire(self.key, worker_ttl)
-            if len(pipeline):
-                pipeline.execute()
-        if extend_result is None:
-            raise RqEpochError(
-                f'the heartbeat of job {job.id} carried no lease extension: its registry is not '
-                "rq-epoch's StartedJobRegistry (a job class without the epoch behaviour?)"
-            )
-        extended = bool(int(extend_result[0]))
-        return extended, text(extend_result[1]), text(extend_result[3])
-
-    def _server_unreachable(self, exc: Exception) -> None:
-        if self._server_lost_at is None:
-            self._server_lost_at = time.monotonic()
-            self.log.warning(
-                'Worker %s: server unreachable (%s); keeping the work-horse running and retrying (last epoch %s)',
-                self.name,
-                exc,
-                self._known_run_id,
-            )
-
-    def _server_reachable(self, run_id: str) -> None:
-        if self._server_lost_at is not None:
-            down = time.monotonic() - self._server_lost_at
-            self._server_lost_at = None
-            self.log.warning(
-                'Worker %s: server back after %.1fs; epoch %s -> %s',
-                self.name,
-                down,
-                self._known_run_id,
-                run_id,
-            )
-            try:
-                self._keep_scheduler(force=True)
-            except _CONNECTION_ERRORS:
-                pass
-        elif self._known_run_id and run_id != self._known_run_id:
-            if self.primary_watch is None or not self.primary_watch.announced(run_id):
-                self.log.warning('Worker %s: server epoch changed %s -> %s', self.name, self._known_run_id, run_id)
-        if run_id != self._known_run_id:
-            try:
-                scripts.load_all(self.connection)
-            except _CONNECTION_ERRORS:
-                pass
-        self._known_run_id = run_id
-
-    def _lease_lost(self, job: RQJob, verdict: str) -> None:
-        self._lost_lease_job_ids.add(job.id)
-        self.log.warning(
-            'Worker %s: a sweep took the lease of job %s (verdict %s) while this worker could not '
-            'heartbeat; stopping its work-horse',
-            self.name,
-            job.id,
-            verdict,
-        )
-        self.kill_horse()
-
-    # -- outcomes ----------------------------------------------------------------------
-
-    def cleanup_execution(self, job: RQJob, pipeline: Pipeline, *args: Any, **kwargs: Any) -> None:
-        """Remove the execution as RQ does, and fence the outcome transaction it is part of.
-
-        Every outcome path of RQ (success, failure, retry, stop, a dead work-horse) calls
-        this with the pipeline that carries the outcome. The pipeline is armed with this
-        execution's fence: its commit lands only while the execution holds the lease.
-        """
-        execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
-        if execution is None:
-            # RQ's loop is building the same transaction again after a WatchError; RQ 2 let
-            # go of the execution the first time round. The pipeline remembers it.
-            execution = pipeline.__dict__.get('_rq_epoch_execution')
-            if execution is not None and execution.job_id == job.id:
-                if compat.CLEANUP_TAKES_EXECUTION:
-                    kwargs['execution'] = execution
-                else:
-                    self.execution = execution
-        super().cleanup_execution(job, pipeline, *args, **kwargs)
-        if execution is not None and execution.job_id == job.id:
-            pipeline.__dict__['_rq_epoch_execution'] = execution
-            arm(pipeline, Fence(job.origin, job.id, execution.id))
-
-    def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
-        """Fail (or retry, or stop) a job as RQ does, fenced; rides out a server outage.
-
-        A job whose lease this worker saw a sweep take is not failed at all: it is not ours.
-        """
-        if job.id in self._lost_lease_job_ids:
-            self._lost_lease_job_ids.discard(job.id)
-            self.log.info('Worker %s: not failing job %s, whose lease a sweep took', self.name, job.id)
-            return
-        self.write_outcome(job, 'failure', lambda: super(Worker, self).handle_job_failure(job, *args, **kwargs))
-
-    def handle_job_success(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
-        """Record a success as RQ does, fenced; rides out a server outage."""
-        self.write_outcome(job, 'success', lambda: super(Worker, self).handle_job_success(job, *args, **kwargs))
-
-    def handle_job_retry(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
-        """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
-        self.write_outcome(job, 'retry', lambda: super(Worker, self).handle_job_retry(job, *args, **kwargs))
-
-    def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
-        self.write_outcome(job, 'end', lambda: super(Worker, self).handle_execution_ended(job, queue, heartbeat_ttl))
-
-    def write_outcome(self, job: RQJob, what: str, write: Callable[[], object]) -> None:
-        """Run ``write`` (RQ's recording of a job's outcome), fenced, riding out a server outage.
-
-        The commit inside ``write`` is fenced (see :meth:`cleanup_execution`): if this
-        execution no longer holds the lease, nothing of it lands and
-        :meth:`outcome_refused` reports it. On a connection error it waits with
-        exponential backoff and tries again, for up to :attr:`outcome_retry_limit`
-        seconds; a first attempt that landed after all makes the next one find the lease
-        gone, so an outcome is never written twice.
-        """
-        adopt(job)
-        give_up = time.monotonic() + self.outcome_retry_limit
-        failures = 0
-
-        def unreachable(exc: Exception, attempt: int) -> None:
-            nonlocal failures
-            failures = attempt + 1
-            if attempt == 0:
-                self.log.warning(
-                    'Worker %s: server unreachable while recording the %s of job %s (%s); retrying',
-                    self.name,
-                    what,
-                    job.id,
-                    exc,
-                )
-
-        self._follow_primary()
-        try:
-            self.with_backoff(write, give_up, unreachable)
-        except OutcomeRefused as refusal:
-            if failures and refusal.reason == 'gone':
-                self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-            else:
-                self.outcome_refused(job, what, refusal)
-            return
-        if failures:
-            self.log.warning(
-                'Worker %s: server back; %s of job %s recorded after %d attempt(s)',
-                self.name,
-                what,
-                job.id,
-                failures + 1,
-            )
-
-    def outcome_refused(self, job: RQJob, what: str, refusal: OutcomeRefused) -> None:
-        """Report an outcome the fence refused: one WARNING line (the server counted it)."""
-        if isinstance(job, EpochJobMixin):
-            job.outcome_refused = True
-        self.log.warning(
-            'Worker %s: refused the %s of job %s from execution %s: %s',
-            self.name,
-            what,
-            job.id,
-            refusal.execution_id,
-            refusal.describe(),
-        )
-
-    def _outcome_landed(self, job: RQJob) -> bool:
-        status = self.connection.hget(job.key, 'status')
-        return status is None or status != b'started'
-
-    def _max_backoff(self) -> float:
-        return float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval)))
-
-    def with_backoff(
-        self,
-        call: Callable[[], T],
-        give_up: float,
-        on_error: Callable[[Exception, int], None] | None = None,
-    ) -> T:
-        """Return ``call()``, tried again on a connection error until the monotonic time ``give_up``.
-
-        Waits 0.1 s after the first failure, doubling up to one heartbeat interval (at most
-        RQ's ``max_connection_wait_time``). ``on_error`` is told each failure and its
-        attempt number (from 0). The last connection error is raised when the next wait would
-        end past ``give_up``; any other exception is raised at once.
-        """
-        delay, attempt = 0.1, 0
-        while True:
-            try:
-                return call()
-            except _CONNECTION_ERRORS as exc:
-                if on_error is not None:
-                    on_error(exc, attempt)
-                if time.monotonic() + delay > give_up:
-                    raise
-                time.sleep(delay)
-                delay, attempt = min(delay * 2, self._max_backoff()), attempt + 1
-
     def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
 
@@ -528,18 +204,15 @@ class Worker(RQWorker):
         """
         try:
             super().monitor_work_horse(job, queue, *args)
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             if self.horse_pid:
                 raise
             self._server_unreachable(exc)
             kwargs: dict[str, Any] = {'queue': queue, 'exc_string': 'Work-horse terminated unexpectedly'}
             if args:
                 kwargs['execution'] = args[0]
-            self.write_outcome(
-                job,
-                'failure',
-                lambda: None if self._outcome_landed(job) else super(Worker, self).handle_job_failure(job, **kwargs),
-            )
+            rq_failure = super(FencedOutcomes, self).handle_job_failure  # RQ's own: this call is fenced already
+            self.write_outcome(job, 'failure', lambda: None if self._outcome_landed(job) else rq_failure(job, **kwargs))
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
@@ -550,7 +223,7 @@ class Worker(RQWorker):
             if self._server_lost_at is not None:
                 self._server_reachable(read_epoch(self.connection).run_id)
             self._keep_scheduler()
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
     def _keep_scheduler(self, force: bool = False) -> None:
@@ -587,7 +260,7 @@ class Worker(RQWorker):
             return super().set_state(state, pipeline=pipeline)
         try:
             super().set_state(state)
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
     def set_current_job_working_time(self, working_time: float, pipeline: Pipeline | None = None) -> None:
@@ -596,14 +269,14 @@ class Worker(RQWorker):
             return super().set_current_job_working_time(working_time, pipeline=pipeline)  # type: ignore[misc]
         try:
             super().set_current_job_working_time(working_time)  # type: ignore[misc]
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's suspension check; while the server is unreachable, the dequeue loop waits."""
         try:
             super().check_for_suspension(burst)
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
     # -- taking ----------------------------------------------------------------------
@@ -660,7 +333,7 @@ class Worker(RQWorker):
                 super().run_maintenance_tasks()
             else:
                 self._sweep_if_due()
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self._server_unreachable(exc)
 
     def clean_registries(self) -> None:
@@ -712,7 +385,7 @@ class Worker(RQWorker):
         )
         try:
             report = sweeper.sweep(self.queue_names())
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
             return None
         except RqEpochError as exc:
