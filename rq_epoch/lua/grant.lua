@@ -4,11 +4,15 @@
 -- execution. The deadline and the stamp are written together, so a granted lease
 -- never exists without a stamp.
 --
--- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- One lease per job: its member is the job id, and the job's `lease_execution` names the
+-- execution that holds it. A grant to a newer execution of the same job replaces the
+-- older lease (the older execution's heartbeat and commit then find another holder).
+--
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:lease:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
 -- KEYS[3]  optional: RQ's intermediate list of the queue (<prefix>:queue:<queue>:intermediate)
 -- KEYS[4]  optional: first sightings of jobs in that list (<prefix>:epoch:limbo:<queue>)
--- ARGV[1]  lease member, "<job_id>:<execution_id>"
+-- ARGV[1]  job id (the lease member)
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 -- ARGV[3]  execution id
 --
@@ -26,7 +30,7 @@
 -- @include _epoch.lua
 
 local leases_key, job_key, intermediate_key, limbo_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, execution = ARGV[1], ARGV[3]
+local job_id, execution = ARGV[1], ARGV[3]
 
 local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
@@ -36,10 +40,9 @@ if redis.call('EXISTS', job_key) == 0 then
 end
 
 local deadline = server_now() + tonumber(ARGV[2])
-redis.call('ZADD', leases_key, deadline, member)
+redis.call('ZADD', leases_key, deadline, job_id)
 redis.call('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
 if limbo_key then
-  local job_id = string.sub(member, 1, #member - #execution - 1)
   redis.call('LREM', intermediate_key, 1, job_id)
   redis.call('HDEL', limbo_key, job_id)
 end
