@@ -445,7 +445,7 @@ def test_lease_states_follow_the_sweep_rule(conn: redis.Redis) -> None:
     conn.hset(finished.key, 'status', 'finished')
     gone, _ = start_job(conn, queue, epoch=CURRENT)
     conn.delete(gone.key)
-    conn.zadd(keys.leases_key('states'), {'malformed': 0})
+    conn.zadd(keys.leases_key('states'), {'mal:formed': 0})  # a job id has no colon
 
     def states(grace: int) -> dict[str, float]:
         samples = parse(
