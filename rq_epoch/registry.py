@@ -57,9 +57,16 @@ class StartedJobRegistry(RQStartedJobRegistry):
         """KEYS of the grant script for a job of this queue.
 
         Besides the lease and the job, the grant removes the job's entry from RQ's
-        intermediate list (where the take left it) and its first sighting by a sweep.
+        intermediate list (where the take left it) and its first sighting by a sweep, and
+        RQ's registry entry of the execution whose lease it replaces, if any.
         """
-        return [self.leases_key, keys.job_key(job_id), keys.intermediate_key(self.name), keys.limbo_key(self.name)]
+        return [
+            self.leases_key,
+            keys.job_key(job_id),
+            keys.intermediate_key(self.name),
+            keys.limbo_key(self.name),
+            self.key,
+        ]
 
     def remove_execution(
         self,

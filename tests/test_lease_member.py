@@ -13,6 +13,7 @@ from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
 from rq_epoch import Fence, Job, OutcomeRefused, Queue, Sweeper, keys, scripts
+from rq_epoch.registry import StartedJobRegistry
 from tests.leases import (
     OTHER_EPOCH,
     execution_of,
@@ -60,8 +61,10 @@ def test_a_lease_member_is_the_job_id_and_a_second_grant_replaces_the_first(conn
     older = job.lease_execution
     assert conn.zrange(keys.leases_key('one'), 0, -1) == [job.id.encode()]
 
-    scripts.grant()(conn, [keys.leases_key('one'), job.key], [job.id, 60, 'newer'])
+    assert conn.zscore(keys.wip_key('one'), execution_of(job)) is not None
+    scripts.grant()(conn, StartedJobRegistry('one', connection=conn).grant_keys(job.id), [job.id, 60, 'newer'])
     assert conn.zrange(keys.leases_key('one'), 0, -1) == [job.id.encode()]  # still one lease
+    assert conn.zscore(keys.wip_key('one'), execution_of(job)) is None  # RQ's entry of the older one went
     assert conn.hget(job.key, 'lease_execution') == b'newer'
     deadline = conn.zscore(keys.leases_key('one'), job.id)
 
