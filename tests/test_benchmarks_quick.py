@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 #: Module, and the keys its JSON must have.
 BENCHMARKS = {
     'sweep_vs_cleanup': ('rows', 'sizes', 'server'),
+    'sweep_anatomy': ('rows', 'repeat', 'server'),
     'sweep_latency': ('baseline', 'during', 'batch_study', 'targets'),
     'worker_throughput': ('runs', 'summary'),
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),

@@ -1,0 +1,305 @@
+"""Question 1b: where the sweep's cost above the floor goes, part by part.
+
+:mod:`benchmarks.sweep_vs_cleanup` compares the sweep with a *floor*: a script that does
+only the essential writes of an uncounted requeue. This benchmark walks from one to the
+other. It takes the sweep script exactly as the sweeper loads it and removes one of its
+duties at a time, cumulatively, and measures each variant on the same expired leases
+(stamped by another server process, so every one is ``exempt``) with the same batch:
+
+====================  ==========================================================================
+step                  what is removed (on top of the steps before it)
+====================  ==========================================================================
+sweep                 nothing: ``Sweeper.sweep`` as a worker runs it, verdict objects and all
+script alone          the client's reading of the reply (the script called in a bare loop)
+- reply records       the one-string-per-lease record the sweeper reads
+- taken record        the job's ``taken:<execution>`` field, ``exempt_recoveries`` and
+                      ``started_at`` in the requeue's HSET
+- full read           six of the eight fields read per lease (only status and stamp are left)
+- primary epoch       ``INFO replication`` and the primaries hash (the grace, the demoted check)
+- stock entries       the read of stock workers' expired entries in RQ's registry
+- counters            the per-queue verdict counters, ``last_sweep`` and the queues set
+floor                 :data:`benchmarks.scenarios.FLOOR_SCRIPT`
+====================  ==========================================================================
+
+Each variant runs ``--repeat`` times, interleaved with the others, and the median is kept.
+Server time is the script's own (``INFO commandstats``); wall time includes the round trip.
+The variants only exist here: each removes something the product needs (the docs say
+what), so the table shows what each duty costs, not a faster sweep.
+
+    python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
+    python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
+    python -m benchmarks.sweep_anatomy --quick
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from rq_epoch import Sweeper, keys, scripts
+
+from .common import parser, quiet_logging, ratio, server, server_version, table, write_results
+from .scenarios import CASES, FLOOR, FLOOR_SCRIPT, QUEUE, prepare
+
+NAME = 'sweep_anatomy'
+FULL_SIZES = (10_000,)
+QUICK_SIZES = (200,)
+#: Bound on the calls of one variant (each call judges up to a batch).
+MAX_CALLS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Step:
+    """One duty of the sweep script, removed by replacing each ``old`` text with its ``new``."""
+
+    label: str
+    edits: tuple[tuple[str, str], ...]
+
+
+#: The steps, cumulative, in the order of the table in the module docstring.
+STEPS: tuple[Step, ...] = (
+    Step(
+        '- reply records',
+        (
+            (
+                "records[#records + 1] = string.format('%s %d %d %d %s%s', verdict, stalled or 0, max_stalled or 0, "
+                "#member,\n                                        member, lease_epoch or '')",
+                '',
+            ),
+        ),
+    ),
+    Step(
+        '- taken record',
+        (
+            (
+                "requeue(prefix, job_key, job_id, queue, never_started, 'exempt_recoveries', "
+                "(tonumber(f[6]) or 0) + 1, taken_field, 'exempt')",
+                'requeue(prefix, job_key, job_id, queue, never_started)',
+            ),
+            (
+                "redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)",
+                "redis.call('HSET', job_key, 'status', 'queued')",
+            ),
+        ),
+    ),
+    Step(
+        '- full read',
+        (
+            (
+                "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',\n"
+                "                        'exempt_recoveries', 'stall_epochs', 'failure_ttl')",
+                "redis.pcall('HMGET', job_key, 'status', 'lease_epoch')",
+            ),
+        ),
+    ),
+    Step(
+        '- primary epoch',
+        (
+            (
+                'local primary, judges = judging_primary(run_id, uptime, now, prefix, dry)',
+                "local primary, judges = {role = 'master', age = 1e9, first = 0, online = 0, expected = 0, "
+                'isolated = false, returning = false}, true',
+            ),
+        ),
+    ),
+    Step(
+        '- stock entries',
+        (
+            (
+                "local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)",
+                'local stock = {}',
+            ),
+        ),
+    ),
+    Step(
+        '- counters',
+        (
+            ('  count_verdicts(stats_key)\n', ''),
+            ("  redis.call('HSET', stats_key, 'last_sweep', tostring(now))\n", ''),
+            ("    redis.call('SADD', prefix .. ':queues', queue_key)\n", ''),
+        ),
+    ),
+)
+
+
+def variants() -> list[tuple[str, str]]:
+    """(label, source) of each cumulative variant of the sweep script, starting with the script itself.
+
+    Raises ValueError when an edit no longer matches the script (the script changed: update
+    the step), so the table never silently measures the wrong thing.
+    """
+    source = scripts.sweep().source
+    out = [('script alone', source)]
+    for step in STEPS:
+        for old, new in step.edits:
+            if source.count(old) != 1:
+                raise ValueError(f'step {step.label!r}: expected exactly one {old!r} in sweep.lua')
+            source = source.replace(old, new)
+        out.append((step.label, source))
+    return out
+
+
+def _bare_loop(conn: redis.Redis, sha: str, n: int) -> Callable[[], int]:
+    """Call a sweep variant until it says there is no more: the sweeper's keys and arguments."""
+    settings = Sweeper(conn).settings
+    keys_ = [keys.leases_key(QUEUE), keys.wip_key(QUEUE), keys.finishing_key(), keys.stats_key(QUEUE)]
+    args = [keys.PREFIX, QUEUE, settings.batch_size, settings.max_stalled, 0, 86400, '0', 0, 0]
+
+    def run() -> int:
+        calls = 0
+        for _ in range(MAX_CALLS):
+            calls += 1
+            reply = conn.evalsha(sha, len(keys_), *keys_, *args)
+            if int(reply[8]) == 0:
+                break
+        return calls
+
+    return run
+
+
+def _floor_loop(conn: redis.Redis, sha: str) -> Callable[[], int]:
+    batch = Sweeper(conn).settings.batch_size
+    keys_ = [keys.leases_key(QUEUE), keys.wip_key(QUEUE)]
+
+    def run() -> int:
+        calls = 0
+        for _ in range(MAX_CALLS):
+            calls += 1
+            if int(conn.evalsha(sha, len(keys_), *keys_, keys.PREFIX, QUEUE, batch)) < batch:
+                break
+        return calls
+
+    return run
+
+
+def _sweeper_loop(conn: redis.Redis) -> Callable[[], int]:
+    sweeper = Sweeper(conn, restart_grace=0)
+
+    def run() -> int:
+        return sweeper.sweep([QUEUE]).total
+
+    return run
+
+
+def measure(conn: redis.Redis, label: str, n: int) -> dict[str, Any]:
+    """Prepare ``n`` exempt leases, clean them with one variant, and time it."""
+    jobs = prepare(conn, CASES[FLOOR if label == 'floor' else 'exempt'], n)
+    if label == 'sweep':
+        run = _sweeper_loop(conn)
+    elif label == 'floor':
+        run = _floor_loop(conn, conn.script_load(FLOOR_SCRIPT))
+    else:
+        run = _bare_loop(conn, conn.script_load(dict(variants())[label]), n)
+    conn.config_resetstat()
+    start = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - start
+    stats = conn.info('commandstats').get('cmdstat_evalsha', {})
+    left = conn.zcard(keys.leases_key(QUEUE))
+    queued = conn.llen(keys.queue_key(QUEUE))
+    return {
+        'label': label,
+        'n': n,
+        'wall_us_per_lease': seconds / n * 1e6,
+        'server_us_per_lease': float(stats.get('usec', 0)) / n,
+        'calls': int(stats.get('calls', 0)),
+        'ok': left == 0 and queued == len(jobs.job_ids),
+    }
+
+
+def run(kind: str, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
+    labels = ['sweep', *(label for label, _ in variants()), 'floor']
+    rows: list[dict[str, Any]] = []
+    with server(kind) as srv:
+        conn = srv.client()
+        version = server_version(conn)
+        for n in sizes:
+            samples: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
+            for _ in range(repeat):
+                for label in labels:
+                    samples[label].append(measure(conn, label, n))
+            floor_wall = statistics.median(s['wall_us_per_lease'] for s in samples['floor'])
+            floor_server = statistics.median(s['server_us_per_lease'] for s in samples['floor'])
+            previous: dict[str, Any] | None = None
+            for label in labels:
+                wall = statistics.median(s['wall_us_per_lease'] for s in samples[label])
+                srv_us = statistics.median(s['server_us_per_lease'] for s in samples[label])
+                row = {
+                    'n': n,
+                    'step': label,
+                    'wall_us_per_lease': round(wall, 2),
+                    'server_us_per_lease': round(srv_us, 2),
+                    'wall_saved_us': round(previous['wall_us_per_lease'] - wall, 2) if previous else None,
+                    'server_saved_us': round(previous['server_us_per_lease'] - srv_us, 2)
+                    if previous and label != 'script alone'
+                    else None,
+                    'wall_vs_floor': ratio(wall, floor_wall),
+                    'server_vs_floor': ratio(srv_us, floor_server),
+                    'runs_wall_us': [round(s['wall_us_per_lease'], 2) for s in samples[label]],
+                    'ok': all(s['ok'] for s in samples[label]),
+                }
+                rows.append(row)
+                previous = row
+    return {'server': version, 'repeat': repeat, 'rows': rows}
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    headers = [
+        'N',
+        'step',
+        'wall µs/lease',
+        'saved',
+        'server µs/lease',
+        'saved',
+        'wall × floor',
+        'server × floor',
+        'ok',
+    ]
+    body = [
+        [
+            r['n'],
+            r['step'],
+            r['wall_us_per_lease'],
+            r['wall_saved_us'],
+            r['server_us_per_lease'],
+            r['server_saved_us'],
+            r['wall_vs_floor'],
+            r['server_vs_floor'],
+            r['ok'],
+        ]
+        for r in rows
+    ]
+    return table(headers, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument(
+        '--sizes',
+        type=lambda s: tuple(int(x) for x in s.split(',')),
+        default=None,
+        help='comma-separated sizes (default 10000; quick 200)',
+    )
+    p.add_argument(
+        '--repeat',
+        type=int,
+        default=None,
+        help='runs of each step, interleaved; the median is kept (default 3; quick 1)',
+    )
+    args = p.parse_args(argv)
+    quiet_logging()
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    repeat = args.repeat or (1 if args.quick else 3)
+    result = run(args.server, sizes, repeat)
+    print(render(result['rows']))
+    write_results(NAME, {'quick': args.quick, **result}, args.out)
+    return 0 if all(r['ok'] for r in result['rows']) else 1
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
