@@ -10,8 +10,8 @@ each worker makes when it starts a job (``Execution.create`` in the worker, then
   ``started_at``, ``last_heartbeat`` and ``worker_name`` and loses its TTL;
 * stock RQ: ``rq:wip:<queue>`` member ``<job>:<execution>`` scored with the deadline;
 * rq-epoch (``rq_epoch.Job``'s registry): the ``rq:wip`` member scored ``+inf``, and the
-  grant script: the lease in ``rq:epoch:leases:<queue>`` and ``lease_epoch`` /
-  ``lease_execution`` in the job hash.
+  grant script: the lease in ``rq:epoch:lease:<queue>`` (member: the job id) and
+  ``lease_epoch`` / ``lease_execution`` in the job hash.
 
 An expired lease is the state the server holds when a sweep or a cleanup finds it: the
 deadline is one second in the past, and the execution hash, whose TTL the worker sets to
@@ -134,7 +134,9 @@ def start_jobs(
     worker and its work-horse call them), so they follow the installed RQ; for rq-epoch,
     ``rq_epoch.Job``'s registry queues the real grant script. Then, for an expired lease,
     the deadline is moved one second into the past, and ``stamp`` (rq-epoch only), when
-    given, replaces the ``lease_epoch`` the grant wrote. Returns the lease members.
+    given, replaces the ``lease_epoch`` the grant wrote. Returns RQ's names of the
+    executions, ``<job_id>:<execution_id>`` (stock RQ's lease members; rq-epoch's lease
+    member is the job id before the colon).
     """
     if side not in (STOCK, EPOCH):
         raise ValueError(f'side must be {STOCK!r} or {EPOCH!r}')
@@ -169,7 +171,7 @@ def _age(conn: redis.Redis, queue: str, members: list[str], side: str, stamp: st
         with conn.pipeline(transaction=False) as pipe:
             for member in chunk:
                 if expired:
-                    pipe.zadd(key, {member: deadline}, xx=True)
+                    pipe.zadd(key, {member if side == STOCK else member.split(':', 1)[0]: deadline}, xx=True)
                     pipe.delete(keys.execution_key(member))
                 if stamp is not None and side == EPOCH:
                     pipe.hset(keys.job_key(member.split(':', 1)[0]), 'lease_epoch', stamp)

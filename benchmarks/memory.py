@@ -49,14 +49,17 @@ def used_memory(conn: redis.Redis) -> int:
 
 
 def grant_all(conn: redis.Redis, members: list[str]) -> None:
-    """What ``rq_epoch.Worker`` adds when it starts each job: RQ's entry at +inf, and the grant script."""
+    """What ``rq_epoch.Worker`` adds when it starts each job: RQ's entry at +inf, and the grant script.
+
+    ``members`` are RQ's names of the executions, ``<job_id>:<execution_id>``; the lease's member is the job id.
+    """
     grant = scripts.grant()
     for start in range(0, len(members), CHUNK):
         with conn.pipeline(transaction=False) as pipe:
             for member in members[start : start + CHUNK]:
                 job_id, execution_id = member.split(':', 1)
                 pipe.zadd(keys.wip_key(QUEUE), {member: '+inf'})
-                grant.queue(pipe, [keys.leases_key(QUEUE), keys.job_key(job_id)], [member, EPOCH_TTL, execution_id])
+                grant.queue(pipe, [keys.leases_key(QUEUE), keys.job_key(job_id)], [job_id, EPOCH_TTL, execution_id])
             pipe.execute()
 
 

@@ -60,7 +60,9 @@ class Case:
 FLOOR = 'floor'
 
 #: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
-#: key prefix, queue name, batch). Returns the number of leases it requeued.
+#: key prefix, queue name, batch). A lease's member is the job id; the job's
+#: ``lease_execution`` names the execution whose records go. Returns the number of leases
+#: it read.
 FLOOR_SCRIPT = """
 local info = redis.call('INFO', 'server')
 local run_id = string.match(info, 'run_id:([0-9a-f]+)')
@@ -69,12 +71,13 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local prefix, queue = ARGV[1], ARGV[2]
 local queue_key = prefix .. ':queue:' .. queue
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-for _, member in ipairs(members) do
-  local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+for _, job_id in ipairs(members) do
   local job_key = prefix .. ':job:' .. job_id
-  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch')
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution')
   if f[1] == 'started' and f[2] ~= run_id then
-    redis.call('ZREM', KEYS[1], member)
+    local exec_id = f[3]
+    local member = job_id .. ':' .. exec_id
+    redis.call('ZREM', KEYS[1], job_id)
     redis.call('ZREM', KEYS[2], member)
     local execution_key = prefix .. ':execution:' .. member
     local worker = redis.call('HGET', execution_key, 'worker_name')

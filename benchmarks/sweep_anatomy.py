@@ -14,9 +14,11 @@ script alone          the client's reading of the reply (the script called in a 
 - reply records       the one-string-per-lease record the sweeper reads
 - taken record        the job's ``taken:<execution>`` field, ``exempt_recoveries`` and
                       ``started_at`` in the requeue's HSET
-- full read           six of the eight fields read per lease (only status and stamp are left)
+- full read           five of the eight fields read per lease (status, stamp and the holding
+                      execution are left)
 - primary epoch       ``INFO replication`` and the primaries hash (the grace, the demoted check)
-- stock entries       the read of stock workers' expired entries in RQ's registry
+- stock entries       the read of stock workers' expired entries in RQ's registry, and of
+                      0.2.0 workers' leases
 - counters            the per-queue verdict counters, ``last_sweep`` and the queues set
 floor                 :data:`benchmarks.scenarios.FLOOR_SCRIPT`
 ====================  ==========================================================================
@@ -93,7 +95,9 @@ STEPS: tuple[Step, ...] = (
             (
                 "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',\n"
                 "                        'exempt_recoveries', 'stall_epochs', 'failure_ttl')",
-                "redis.pcall('HMGET', job_key, 'status', 'lease_epoch')",
+                # the job's lease names its execution: lease_execution stays, at the same index
+                "(function(r) return {r[1], r[2], false, false, r[3]} end)("
+                "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution'))",
             ),
         ),
     ),
@@ -113,6 +117,10 @@ STEPS: tuple[Step, ...] = (
             (
                 "local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)",
                 'local stock = {}',
+            ),
+            (
+                "local legacy_left = redis.call('EXISTS', legacy_key) == 1",
+                'local legacy_left = false',
             ),
         ),
     ),
@@ -147,8 +155,14 @@ def variants() -> list[tuple[str, str]]:
 def _bare_loop(conn: redis.Redis, sha: str, n: int) -> Callable[[], int]:
     """Call a sweep variant until it says there is no more: the sweeper's keys and arguments."""
     settings = Sweeper(conn).settings
-    keys_ = [keys.leases_key(QUEUE), keys.wip_key(QUEUE), keys.finishing_key(), keys.stats_key(QUEUE)]
-    args = [keys.PREFIX, QUEUE, settings.batch_size, settings.max_stalled, 0, 86400, '0', 0, 0]
+    keys_ = [
+        keys.leases_key(QUEUE),
+        keys.wip_key(QUEUE),
+        keys.finishing_key(),
+        keys.stats_key(QUEUE),
+        keys.legacy_leases_key(QUEUE),
+    ]
+    args = [keys.PREFIX, QUEUE, settings.batch_size, settings.max_stalled, 0, 86400, '0', 0, 0, 0]
 
     def run() -> int:
         calls = 0

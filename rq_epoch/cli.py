@@ -87,11 +87,13 @@ def _settings(max_stalled: int | None = None, batch_size: int | None = None, gra
 
 
 def count_expired(connection: Redis, queue_names: Sequence[str]) -> int:
-    """Expired leases waiting for a sweep: rq-epoch's, and stock workers' entries in RQ's registry."""
+    """Expired leases waiting for a sweep: rq-epoch's (0.2.0 workers' too), and stock workers' entries in RQ's
+    registry."""
     now = server_now(connection)
     with connection.pipeline(transaction=False) as pipeline:
         for name in queue_names:
             pipeline.zcount(keys.leases_key(name), '-inf', now)
+            pipeline.zcount(keys.legacy_leases_key(name), '-inf', now)
             pipeline.zcount(keys.wip_key(name), '-inf', now)
         return sum(int(n) for n in pipeline.execute())
 

@@ -10,7 +10,7 @@ failure, retry, stop, a dead work-horse) removes the execution with
 ``Worker.cleanup_execution(job, pipeline)``. There the worker *arms* the pipeline with the
 execution's :class:`Fence`. When RQ then calls ``pipeline.execute()``, the queued commands
 are not sent as they are: they travel as arguments of the ``commit`` script, which runs
-them only if the lease member still exists and the job's ``lease_execution`` is this
+them only if the job's lease member still exists and the job's ``lease_execution`` is this
 execution. The check and the write are one atomic step in the server, in the same single
 round trip as RQ's own commit; a WATCH that RQ set (on the job's dependents) still guards
 the transaction around it.
@@ -65,7 +65,12 @@ class Fence:
 
     @property
     def member(self) -> str:
-        """The lease member, ``<job_id>:<execution_id>``."""
+        """The lease member: the job id (one lease per job; ``lease_execution`` names its holder)."""
+        return self.job_id
+
+    @property
+    def composite_key(self) -> str:
+        """The execution as RQ names it, ``<job_id>:<execution_id>``."""
         return f'{self.job_id}:{self.execution_id}'
 
     @property
@@ -74,7 +79,7 @@ class Fence:
             keys.leases_key(self.queue),
             keys.job_key(self.job_id),
             keys.stats_key(self.queue),
-            keys.committed_key(self.member),
+            keys.committed_key(self.composite_key),
         ]
 
     def check(self, connection: Redis | Pipeline) -> OutcomeRefused | None:
@@ -195,7 +200,7 @@ def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_er
     loaded = set(pipeline.scripts)
     script = scripts.commit()
     for _ in range(20):
-        pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id), keys.committed_key(fence.member))
+        pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id), keys.committed_key(fence.composite_key))
         try:
             reply = pipeline.immediate_execute_command(
                 'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args('1', 0)
@@ -207,7 +212,7 @@ def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_er
             raise fence.refusal(reply)
         unleased = int(reply[0]) == _UNLEASED
         if unleased:
-            record = ('SET', keys.committed_key(fence.member), '1', 'EX', keys.COMMITTED_RECORD_TTL)
+            record = ('SET', keys.committed_key(fence.composite_key), '1', 'EX', keys.COMMITTED_RECORD_TTL)
             pipeline.command_stack.append((record, {}))
         try:
             replies = list(original(raise_on_error))

@@ -78,7 +78,7 @@ class Heartbeats(FencedOutcomes):
             scripts.grant()(
                 self.connection,
                 registry.grant_keys(job.id),
-                [execution.composite_key, self.get_heartbeat_ttl(job), execution.id],
+                [job.id, self.get_heartbeat_ttl(job), execution.id],
             )
         cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
         return execution
@@ -160,7 +160,7 @@ class Heartbeats(FencedOutcomes):
             extend_result = scripts.extend()(
                 connection,
                 [registry.leases_key, job.key],
-                [execution.composite_key, ttl],
+                [job.id, ttl, execution.id],
             )
         for result in results:
             if isinstance(result, redis.exceptions.ResponseError) and result is not extend_result:

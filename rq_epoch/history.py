@@ -49,8 +49,12 @@ def job_history(
     now = float(seconds) + float(micros) / 1e6
     lease = None
     if job.lease_execution:
-        member = f'{job.id}:{job.lease_execution}'
+        # The job's lease; or, granted by a 0.2.0 worker during an upgrade, its execution's.
+        member = job.id
         deadline = connection.zscore(keys.leases_key(job.origin), member)
+        if deadline is None:
+            member = f'{job.id}:{job.lease_execution}'
+            deadline = connection.zscore(keys.legacy_leases_key(job.origin), member)
         if deadline is not None:
             lease = {
                 'member': member,

@@ -32,6 +32,7 @@ __all__ = [
     'job_executions_key',
     'job_key',
     'leases_key',
+    'legacy_leases_key',
     'limbo_key',
     'primaries_key',
     'queue_key',
@@ -67,8 +68,14 @@ class KeyFamily:
 
 # -- rq-epoch's own keys -------------------------------------------------------------------
 
-#: Sorted set of managed leases of a queue: ``<job_id>:<execution_id>`` scored by deadline.
-leases_key = KeyFamily('epoch:leases')
+#: Sorted set of managed leases of a queue: one per job, member the job id, scored by its
+#: deadline (server time). The job hash's ``lease_execution`` names the execution that holds
+#: it, so a newer grant of the same job replaces the older lease.
+leases_key = KeyFamily('epoch:lease')
+#: The leases written by rq-epoch 0.2.0: member ``<job_id>:<execution_id>``, scored by
+#: deadline. Nothing writes it any more but 0.2.0 workers still running during an upgrade;
+#: the sweep judges what is left in it, and status, metrics and history read it.
+legacy_leases_key = KeyFamily('epoch:leases')
 #: Record that the execution ``<job_id>:<execution_id>``, which held no lease, committed its outcome.
 committed_key = KeyFamily('epoch:committed')
 #: Hash of per-verdict counters of a queue, kept by the sweep.

@@ -76,7 +76,8 @@ SWEPT_VERDICTS = tuple(v.value for v in Verdict if v.judged)
 LEASE_STATES = ('live', 'expired-counted', 'expired-uncounted', 'deferred', 'expired-stale')
 
 _INSTALL_HINT = "the Prometheus metrics need prometheus-client: pip install 'rq-epoch[prometheus]'"
-_MEMBER_RE = re.compile(r'([^:]+):([^:]+)')
+#: A lease member: the job id, or ``<job_id>:<execution_id>`` in a 0.2.0 worker's lease.
+_MEMBER_RE = re.compile(r'([^:]+)(?::([^:]+))?')
 _JOB_FIELDS = ('status', 'lease_epoch', 'lease_execution', 'stalled', 'stall_dead')
 
 
@@ -177,15 +178,16 @@ def read_snapshot(
     if not names:
         return snapshot
 
-    per_queue = 9
+    per_queue = 12
     with connection.pipeline(transaction=False) as pipeline:
         for name in names:
-            leases, wip = keys.leases_key(name), keys.wip_key(name)
+            wip = keys.wip_key(name)
             queue_key, failed = keys.queue_key(name), keys.failed_key(name)
             pipeline.hgetall(keys.stats_key(name))
-            pipeline.zcard(leases)
-            pipeline.zcount(leases, '-inf', now)
-            pipeline.zrange(leases, 0, limit - 1, withscores=True)
+            for leases in (keys.leases_key(name), keys.legacy_leases_key(name)):
+                pipeline.zcard(leases)
+                pipeline.zcount(leases, '-inf', now)
+                pipeline.zrange(leases, 0, limit - 1, withscores=True)
             pipeline.zcount(wip, '-inf', '(+inf')
             pipeline.llen(queue_key)
             pipeline.lrange(queue_key, 0, limit - 1)
@@ -196,9 +198,12 @@ def read_snapshot(
     job_ids: dict[str, None] = {}
     seen: list[tuple[QueueMetrics, list[tuple[re.Match[str] | None, float]], list[str], list[str]]] = []
     for index, name in enumerate(names):
-        stats, n_leases, n_expired, lease_rows, n_stock, n_queued, queued, n_failed, failed = replies[
-            index * per_queue : (index + 1) * per_queue
+        stats, n_leases, n_expired, lease_rows, n_legacy, n_legacy_expired, legacy_rows = replies[
+            index * per_queue : index * per_queue + 7
         ]
+        n_stock, n_queued, queued, n_failed, failed = replies[index * per_queue + 7 : (index + 1) * per_queue]
+        # Leases of 0.2.0 workers (during an upgrade) count like the others.
+        n_leases, n_expired, lease_rows = n_leases + n_legacy, n_expired + n_legacy_expired, lease_rows + legacy_rows
         q = QueueMetrics(name=name)
         counters = {optional_text(k) or '': v for k, v in stats.items()}
         q.verdicts = {verdict: int(_number(counters.get(verdict))) for verdict in SWEPT_VERDICTS}
@@ -268,7 +273,10 @@ def _lease_state(
     if match is None or row is None:
         return 'expired-stale'
     status, lease_epoch, lease_execution = row[0], row[1], row[2]
-    execution = match.group(2)
+    # A job's lease is held by its lease_execution; a 0.2.0 lease names its execution.
+    execution = match.group(2) or lease_execution
+    if execution is None:
+        return 'expired-stale'
     never_started = False
     if status == 'started':
         if lease_execution and lease_execution != execution:

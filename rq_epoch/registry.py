@@ -25,8 +25,9 @@ class StartedJobRegistry(RQStartedJobRegistry):
 
     The entry in RQ's ``<prefix>:wip:<queue>`` keeps RQ's "no expiry" score, so no stock
     cleanup (``rq info``, dashboards, stock workers) can fail or retry a managed job. The
-    lease deadline lives in ``<prefix>:epoch:leases:<queue>``, written with the stamp by
-    the grant and extend scripts, and :meth:`cleanup` is the epoch-aware sweep.
+    lease deadline lives in ``<prefix>:epoch:lease:<queue>`` (one entry per job, named by
+    the job id; the job's ``lease_execution`` says which execution holds it), written with
+    the stamp by the grant and extend scripts, and :meth:`cleanup` is the epoch-aware sweep.
     """
 
     job_class = Job
@@ -44,21 +45,28 @@ class StartedJobRegistry(RQStartedJobRegistry):
         heartbeat) the extend script is, and :attr:`extend_index` says where its answer is.
         """
         pipeline.zadd(self.key, {execution.composite_key: NO_EXPIRY}, xx=xx)
-        lease_args = [execution.composite_key, max(int(ttl), 1)]
+        lease_args = [execution.job_id, max(int(ttl), 1), execution.id]
         if xx:
             self.extend_index = len(pipeline)
             scripts.extend().queue(pipeline, [self.leases_key, keys.job_key(execution.job_id)], lease_args)
         else:
-            scripts.grant().queue(pipeline, self.grant_keys(execution.job_id), [*lease_args, execution.id])
+            scripts.grant().queue(pipeline, self.grant_keys(execution.job_id), lease_args)
         return 0
 
     def grant_keys(self, job_id: str) -> list[str]:
         """KEYS of the grant script for a job of this queue.
 
         Besides the lease and the job, the grant removes the job's entry from RQ's
-        intermediate list (where the take left it) and its first sighting by a sweep.
+        intermediate list (where the take left it) and its first sighting by a sweep, and
+        RQ's registry entry of the execution whose lease it replaces, if any.
         """
-        return [self.leases_key, keys.job_key(job_id), keys.intermediate_key(self.name), keys.limbo_key(self.name)]
+        return [
+            self.leases_key,
+            keys.job_key(job_id),
+            keys.intermediate_key(self.name),
+            keys.limbo_key(self.name),
+            self.key,
+        ]
 
     def remove_execution(
         self,
@@ -67,10 +75,15 @@ class StartedJobRegistry(RQStartedJobRegistry):
         pipeline: Pipeline | None = None,
         delete_job: bool = False,
     ) -> None:
-        """Remove RQ's entry and the lease of an execution that ended."""
+        """Remove RQ's entry and the lease of an execution that ended.
+
+        The lease is the job's (member: the job id). An outcome's transaction, where RQ
+        calls this, is fenced (:mod:`rq_epoch.fence`): it runs only while this execution
+        holds the lease, so a newer execution's lease is never removed by an older one.
+        """
         super().remove_execution(execution, job=job, pipeline=pipeline, delete_job=delete_job)
         connection = pipeline if pipeline is not None else self.connection
-        connection.zrem(self.leases_key, execution.composite_key)
+        connection.zrem(self.leases_key, execution.job_id)
 
     def cleanup(self, timestamp: float | None = None, exception_handlers: list | None = None) -> None:
         """Run the epoch-aware sweep on this queue (instead of RQ's abandoned-job cleanup).

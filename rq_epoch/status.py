@@ -107,15 +107,19 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
     limit = STATUS_SCAN_LIMIT
     with connection.pipeline(transaction=False) as pipeline:
         pipeline.zcount(keys.leases_key(name), f'({now}', '+inf')
+        pipeline.zcount(keys.legacy_leases_key(name), f'({now}', '+inf')
         pipeline.zcount(keys.wip_key(name), f'({now}', '(+inf')
         pipeline.zrange(keys.leases_key(name), 0, limit - 1)
+        pipeline.zrange(keys.legacy_leases_key(name), 0, limit - 1)
         pipeline.zrange(keys.wip_key(name), 0, limit - 1)
         pipeline.lrange(keys.queue_key(name), 0, limit - 1)
         pipeline.zrange(keys.failed_key(name), 0, limit - 1)
         pipeline.hgetall(keys.stats_key(name))
-        live, stock_live, leases, wip, queued, failed, stats = pipeline.execute()
+        live, legacy_live, stock_live, leases, legacy, wip, queued, failed, stats = pipeline.execute()
+    # A lease's member is its job id; a 0.2.0 worker's (during an upgrade) is <job_id>:<execution_id>.
+    live += legacy_live
     job_ids: dict[str, None] = {}
-    for member in [*leases, *wip]:
+    for member in [*leases, *legacy, *wip]:
         job_ids[text(member).split(':', 1)[0]] = None
     for job_id in [*queued, *failed]:
         job_ids[text(job_id)] = None
@@ -151,7 +155,7 @@ def queue_status(connection: Redis, name: str, preview: SweepReport, settings: E
         'counters': {k: int(v) for k, v in counters.items() if v.isdigit()},
         'last_sweep': last_sweep,
         'seconds_since_last_sweep': round(now - last_sweep, 3) if last_sweep is not None else None,
-        'truncated': any(len(x) >= limit for x in (leases, wip, queued, failed)),
+        'truncated': any(len(x) >= limit for x in (leases, legacy, wip, queued, failed)),
     }
 
 

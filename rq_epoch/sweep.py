@@ -159,16 +159,19 @@ class Sweeper(DeadLetters):
         # Entries a call read and left in place (deferred ones; every one in a dry run)
         # stay at the front of the expired range: the next call skips them, so each lease
         # is reported once per sweep and those behind a batch of deferred ones are judged.
-        lease_offset = stock_offset = 0
+        lease_offset = stock_offset = legacy_offset = 0
         # Every call either removes what it judged or moves an offset forward, so this
         # ends; the bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
-            verdicts, more, left_leases, left_stock = self._call(name, dry_run, lease_offset, stock_offset, client)
+            verdicts, more, left_leases, left_stock, left_legacy = self._call(
+                name, dry_run, lease_offset, stock_offset, legacy_offset, client
+            )
             self._take_verdicts(name, verdicts, report, dry_run, progress, client)
-            if not more or (left_leases + left_stock == 0 and not verdicts):
+            if not more or (left_leases + left_stock + left_legacy == 0 and not verdicts):
                 break
             lease_offset += left_leases
             stock_offset += left_stock
+            legacy_offset += left_legacy
         if self.rescue_intermediate:
             verdicts = self._rescue(name, dry_run, client)
             self._take_verdicts(name, verdicts, report, dry_run, progress, client)
@@ -230,12 +233,25 @@ class Sweeper(DeadLetters):
         return acked >= 1
 
     def _call(
-        self, name: str, dry_run: bool, lease_offset: int, stock_offset: int, client: Redis | None = None
-    ) -> tuple[list[LeaseVerdict], bool, int, int]:
-        """One call of the sweep script: (verdicts, more, leases left in place, stock entries left in place)."""
+        self,
+        name: str,
+        dry_run: bool,
+        lease_offset: int,
+        stock_offset: int,
+        legacy_offset: int = 0,
+        client: Redis | None = None,
+    ) -> tuple[list[LeaseVerdict], bool, int, int, int]:
+        """One call of the sweep script: (verdicts, more, and how many leases, stock entries and
+        0.2.0 leases it left in place)."""
         result = scripts.sweep()(
             client if client is not None else self.connection,
-            [keys.leases_key(name), keys.wip_key(name), keys.finishing_key(), keys.stats_key(name)],
+            [
+                keys.leases_key(name),
+                keys.wip_key(name),
+                keys.finishing_key(),
+                keys.stats_key(name),
+                keys.legacy_leases_key(name),
+            ],
             [
                 keys.PREFIX,
                 name,
@@ -246,16 +262,23 @@ class Sweeper(DeadLetters):
                 '1' if dry_run else '0',
                 lease_offset,
                 stock_offset,
+                legacy_offset,
             ],
         )
-        verdicts = self._verdicts(name, result, bare_ids=False)
-        return verdicts, int(result[8]) == 1, int(result[9]), int(result[10])
+        verdicts = self._verdicts(name, result)
+        return verdicts, int(result[8]) == 1, int(result[9]), int(result[10]), int(result[11])
 
     def _rescue(self, name: str, dry_run: bool, client: Redis | None = None) -> list[LeaseVerdict]:
         """One call of the rescue script: jobs stranded in RQ's intermediate list for a lease length."""
         result = scripts.rescue()(
             client if client is not None else self.connection,
-            [keys.leases_key(name), keys.wip_key(name), keys.limbo_key(name), keys.stats_key(name)],
+            [
+                keys.leases_key(name),
+                keys.wip_key(name),
+                keys.limbo_key(name),
+                keys.stats_key(name),
+                keys.legacy_leases_key(name),
+            ],
             [
                 keys.PREFIX,
                 name,
@@ -265,12 +288,15 @@ class Sweeper(DeadLetters):
                 '1' if dry_run else '0',
             ],
         )
-        return self._verdicts(name, result, bare_ids=True)
+        return self._verdicts(name, result)
 
-    def _verdicts(self, name: str, result: list[Any], *, bare_ids: bool) -> list[LeaseVerdict]:
+    def _verdicts(self, name: str, result: list[Any]) -> list[LeaseVerdict]:
         """Read the reply of a sweep verb (see ``lua/_sweep.lua``); remembers the epoch and role it saw.
 
-        ``bare_ids``: the records' members are job ids (the rescue), not lease members.
+        A record's member is the entry as the script read it: a job id (a lease, or the
+        rescue's entry of RQ's intermediate list) or ``<job_id>:<execution_id>`` (a 0.2.0
+        lease, or a stock worker's entry of RQ's registry); ``job_id`` is the job it names,
+        '' for a member of neither shape.
         """
         run_id = text(result[0])
         self._last_run_id, self._last_uptime = run_id, int(result[1])
@@ -283,16 +309,13 @@ class Sweeper(DeadLetters):
             first_seen=float(first),
         )
         verdicts = []
-        for raw in result[12 : 12 + int(result[11])]:
+        for raw in result[13 : 13 + int(result[12])]:
             verdict, stalled, max_stalled, length, rest = raw.split(b' ', 4)
             size = int(length)
             member = rest[:size].decode('utf-8', 'replace')
-            if bare_ids:
-                job_id = member
-            else:
-                job_id, colon, execution_id = member.partition(':')
-                if not (colon and job_id and execution_id and ':' not in execution_id):
-                    job_id = ''
+            job_id, colon, execution_id = member.partition(':')
+            if colon and not (job_id and execution_id and ':' not in execution_id):
+                job_id = ''
             verdicts.append(
                 LeaseVerdict(
                     queue=name,

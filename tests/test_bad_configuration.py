@@ -94,7 +94,7 @@ def test_scripts_without_info_permission_refuse_to_write(conn, no_info_user) -> 
     queue = Queue('acl', connection=conn)
     job = queue.enqueue('tests.jobs.add', 1, 2)
     with pytest.raises(EpochUnavailableError):
-        scripts.grant()(no_info_user, [keys.leases_key('acl'), job.key], [f'{job.id}:x', 30, 'x'])
+        scripts.grant()(no_info_user, [keys.leases_key('acl'), job.key], [job.id, 30, 'x'])
     assert conn.zcard(keys.leases_key('acl')) == 0
     assert conn.hget(job.key, 'lease_epoch') is None
 

@@ -241,7 +241,7 @@ def test_sweeps_from_many_processes_judge_each_lease_once(server: EmbeddedServer
 
 def test_progress_bar_on_a_terminal_for_a_large_sweep(server: EmbeddedServer, conn: redis.Redis) -> None:
     seconds, _ = conn.time()
-    conn.zadd(keys.leases_key('big'), {f'gone{i}:x{i}': seconds - 10 for i in range(PROGRESS_THRESHOLD + 1)})
+    conn.zadd(keys.leases_key('big'), {f'gone{i}': seconds - 10 for i in range(PROGRESS_THRESHOLD + 1)})
     environ = {k: v for k, v in os.environ.items() if not k.startswith(('RQ_', 'REDIS_'))}
     environ['PYTHONPATH'] = str(ROOT)
     primary, secondary = pty.openpty()

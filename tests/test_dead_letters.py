@@ -150,10 +150,8 @@ def test_finished_job_with_a_leftover_lease_is_settled_and_keeps_its_result(conn
     start_worker('left', burst=True)
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, what='job finished')
     # the stock race (rq#1507/#2424): a lease entry left behind by a finished job
-    member = f'{job.id}:leftover'
     seconds, _ = conn.time()
-    conn.zadd(keys.leases_key('left'), {member: seconds - 1})
-    conn.zadd(keys.wip_key('left'), {member: '+inf'})
+    conn.zadd(keys.leases_key('left'), {job.id: seconds - 1})
     report = Sweeper(conn, restart_grace=0).sweep(['left'])
     assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job.id, 'settled')]
     job = Job.fetch(job.id, connection=conn)

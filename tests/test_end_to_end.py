@@ -16,10 +16,8 @@ from tests.conftest import ROOT, wait_for
 
 
 def lease_of(conn, queue: str, job_id: str) -> bytes | None:
-    for member in conn.zrange(keys.leases_key(queue), 0, -1):
-        if member.decode().startswith(job_id + ':'):
-            return member
-    return None
+    """The job's lease member (its id), once the job holds a lease."""
+    return job_id.encode() if conn.zscore(keys.leases_key(queue), job_id) is not None else None
 
 
 def lease_expired(conn, queue: str) -> bool:
@@ -37,8 +35,8 @@ def test_worker_stamps_lease_with_the_server_epoch(conn, server, start_worker, t
     job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(tmp_path / 'log'), 'a', str(release))
     start_worker('e2e')
     member = wait_started(conn, 'e2e', job)
-    assert conn.zscore(keys.wip_key('e2e'), member) == float('inf')
     job = Job.fetch(job.id, connection=conn)
+    assert conn.zscore(keys.wip_key('e2e'), f'{job.id}:{job.lease_execution}') == float('inf')
     assert job.lease_epoch == server.run_id()
     first = conn.zscore(keys.leases_key('e2e'), member)
     wait_for(lambda: (conn.zscore(keys.leases_key('e2e'), member) or 0) > first, 10, what='a heartbeat extend')

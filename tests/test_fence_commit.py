@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rq_epoch import Fence, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError, keys, scripts
+from rq_epoch import Fence, Job, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError, keys, scripts
 from rq_epoch.fence import arm
-from tests.leases import start_job
+from tests.leases import execution_of, start_job
 
 
-def _fence(job_id: str, member: str) -> Fence:
-    return Fence('default', job_id, member.split(':', 1)[1])
+def _fence(job: Job) -> Fence:
+    """The fence of the execution that holds the job's lease."""
+    return Fence('default', job.id, job.lease_execution)
 
 
 def _outcome(conn: redis.Redis, fence: Fence, *, with_script: bool = False, dependents: int = 2) -> list:
@@ -38,7 +39,7 @@ def test_the_holder_commits_and_replies_come_back_as_redis_py_gives_them(
     conn, with_script: bool, dependents: int
 ) -> None:
     job, member = start_job(conn, Queue('default', connection=conn), expired=True)
-    replies = _outcome(conn, _fence(job.id, member), with_script=with_script, dependents=dependents)
+    replies = _outcome(conn, _fence(job), with_script=with_script, dependents=dependents)
     assert replies[:3] == [0, 1, dependents]  # HSET of an existing field, ZREM of the lease, SADD
     assert isinstance(replies[-1], str | bytes)  # the stream entry id
     assert conn.hget(job.key, 'status') == b'finished'
@@ -54,7 +55,7 @@ def test_after_a_sweep_took_the_lease_nothing_of_the_outcome_lands(conn, with_sc
     (verdict,) = Sweeper(conn, restart_grace=0).sweep(['default']).verdicts
     assert verdict.verdict == 'recovered'
     with pytest.raises(OutcomeRefused) as refused:
-        _outcome(conn, _fence(job.id, member), with_script=with_script)
+        _outcome(conn, _fence(job), with_script=with_script)
     assert (refused.value.reason, refused.value.detail) == ('taken', 'recovered')
     assert conn.hget(job.key, 'status') == b'queued'
     assert conn.exists(f'{keys.PREFIX}:results:{job.id}', 'test:pushed', 'test:dependents') == 0
@@ -65,10 +66,9 @@ def test_after_a_sweep_took_the_lease_nothing_of_the_outcome_lands(conn, with_sc
 def test_a_newer_grant_supersedes_the_old_execution(conn) -> None:
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue, expired=False)
-    newer = f'{job.id}:newer'
-    scripts.grant()(conn, [keys.leases_key('default'), job.key], [newer, 60, 'newer'])
+    scripts.grant()(conn, [keys.leases_key('default'), job.key], [job.id, 60, 'newer'])
     with pytest.raises(OutcomeRefused) as refused:
-        _outcome(conn, _fence(job.id, member))
+        _outcome(conn, _fence(job))
     assert (refused.value.reason, refused.value.detail) == ('superseded', 'newer')
     assert conn.hget(job.key, 'status') == b'started'
 
@@ -77,7 +77,7 @@ def test_the_commit_script_is_loaded_again_after_a_restart(server, conn) -> None
     job, member = start_job(conn, Queue('default', connection=conn), expired=False)
     conn.script_flush()  # what a restart does to the script cache
     assert conn.script_exists(scripts.commit().sha) == [False]
-    _outcome(conn, _fence(job.id, member))
+    _outcome(conn, _fence(job))
     assert conn.hget(job.key, 'status') == b'finished'
 
 
@@ -85,10 +85,10 @@ def test_the_heartbeat_tells_its_own_commit_from_a_sweep_by_identity(conn) -> No
     """Own commit, then a newer grant: the old execution's extend says "gone", not "taken"."""
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue, expired=False)
-    _outcome(conn, _fence(job.id, member))
-    scripts.grant()(conn, [keys.leases_key('default'), job.key], [f'{job.id}:newer', 60, 'newer'])
+    _outcome(conn, _fence(job))
+    scripts.grant()(conn, [keys.leases_key('default'), job.key], [job.id, 60, 'newer'])
     extend = [keys.leases_key('default'), job.key]
-    extended, _, _, taken = scripts.extend()(conn, extend, [member, 30])
+    extended, _, _, taken = scripts.extend()(conn, extend, [job.id, 30, job.lease_execution])
     assert (extended, taken) == (0, b'')
 
 
@@ -106,7 +106,7 @@ def test_an_unleased_execution_commits_once_and_its_retry_is_refused_as_gone(con
     assert fence.check(conn) is None  # nobody took over: its callbacks may run
     _outcome(conn, fence, with_script=with_script)
     assert conn.hget(keys.job_key(fence.job_id), 'status') == b'finished'
-    assert conn.exists(keys.committed_key(fence.member)) == 1
+    assert conn.exists(keys.committed_key(fence.composite_key)) == 1
     # The worker sends the same commit again when it could not tell whether the first landed.
     with pytest.raises(OutcomeRefused) as refused:
         _outcome(conn, fence, with_script=with_script)
@@ -118,13 +118,12 @@ def test_an_unleased_execution_commits_once_and_its_retry_is_refused_as_gone(con
 
 def test_an_unleased_execution_is_refused_once_a_newer_one_holds_the_job(conn) -> None:
     fence = _unleased(conn, Queue('default', connection=conn))
-    newer = f'{fence.job_id}:newer'
-    scripts.grant()(conn, [keys.leases_key('default'), keys.job_key(fence.job_id)], [newer, 60, 'newer'])
+    scripts.grant()(conn, [keys.leases_key('default'), keys.job_key(fence.job_id)], [fence.job_id, 60, 'newer'])
     with pytest.raises(OutcomeRefused) as refused:
         _outcome(conn, fence)
     assert (refused.value.reason, refused.value.detail) == ('superseded', 'newer')
     assert conn.hget(keys.job_key(fence.job_id), 'status') == b'started'
-    assert conn.exists(keys.committed_key(fence.member)) == 0
+    assert conn.exists(keys.committed_key(fence.composite_key)) == 0
 
 
 def test_an_unleased_execution_whose_entry_a_sweep_requeued_is_refused(conn) -> None:
@@ -134,7 +133,7 @@ def test_an_unleased_execution_whose_entry_a_sweep_requeued_is_refused(conn) -> 
 
     fence = _unleased(conn, Queue('default', connection=conn))
     seconds, _ = conn.time()
-    conn.zadd(keys.wip_key('default'), {fence.member: seconds - 5})
+    conn.zadd(keys.wip_key('default'), {fence.composite_key: seconds - 5})
     (verdict,) = Sweeper(conn, restart_grace=0).sweep(['default']).verdicts
     assert verdict.verdict == 'exempt'
     with pytest.raises(OutcomeRefused) as refused:
@@ -156,13 +155,13 @@ def test_an_unleased_execution_of_a_deleted_job_writes_nothing(conn) -> None:
 @pytest.mark.parametrize('with_script', [False, True], ids=['scripted', 'watched'])
 def test_a_leased_execution_commits_once_and_its_retry_is_refused_as_gone(conn, with_script: bool) -> None:
     job, member = start_job(conn, Queue('default', connection=conn), expired=False)
-    fence = _fence(job.id, member)
+    fence = _fence(job)
     _outcome(conn, fence, with_script=with_script)
     with pytest.raises(OutcomeRefused) as refused:
         _outcome(conn, fence, with_script=with_script)
     assert refused.value.reason == 'gone'
     assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
-    assert conn.exists(keys.committed_key(member)) == 0  # a leased commit needs no record
+    assert conn.exists(keys.committed_key(execution_of(job))) == 0  # a leased commit needs no record
 
 
 def test_a_commit_rebuilt_after_the_script_was_loaded_is_still_fenced_and_cleans_up(conn) -> None:
@@ -208,7 +207,7 @@ def test_a_commit_the_server_refuses_for_want_of_replicas_is_an_outage_and_lands
     conn = redis.Redis(host='127.0.0.1', port=server.port)  # the fixture emptied the server
     PrimaryWatch(conn, interval=1).install()  # as the worker's connection has it
     job, member = start_job(conn, Queue('default', connection=conn), expired=False)
-    fence = _fence(job.id, member)
+    fence = _fence(job)
     conn.config_set('min-replicas-to-write', 1)  # no replica: every write is refused (NOREPLICAS)
     try:
         with pytest.raises(ServerOutageError) as outage:

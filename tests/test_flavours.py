@@ -19,10 +19,8 @@ FLAVOURS = ['rq_epoch.SimpleWorker', 'rq_epoch.SpawnWorker']
 
 
 def lease_of(conn, queue: str, job_id: str) -> bytes | None:
-    for member in conn.zrange(keys.leases_key(queue), 0, -1):
-        if member.decode().startswith(job_id + ':'):
-            return member
-    return None
+    """The job's lease member (its id), once the job holds a lease."""
+    return job_id.encode() if conn.zscore(keys.leases_key(queue), job_id) is not None else None
 
 
 def server_time(conn) -> float:

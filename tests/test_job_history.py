@@ -23,14 +23,13 @@ def take_again(conn: redis.Redis, queue: Queue, job: Job, epoch: object = CURREN
     """Take a requeued job off its queue and grant it a lease that has expired, as a worker that died would."""
     conn.lrem(queue.key, 0, job.id)
     execution_id = uuid.uuid4().hex
-    member = f'{job.id}:{execution_id}'
     registry = StartedJobRegistry(queue.name, connection=conn)
-    conn.zadd(registry.key, {member: '+inf'})
+    conn.zadd(registry.key, {f'{job.id}:{execution_id}': '+inf'})
     conn.hset(job.key, mapping={'status': 'started', 'worker_name': 'test-worker'})
-    scripts.grant()(conn, [registry.leases_key, job.key], [member, 60, execution_id])
+    scripts.grant()(conn, [registry.leases_key, job.key], [job.id, 60, execution_id])
     if epoch is not CURRENT:
         conn.hset(job.key, 'lease_epoch', str(epoch))
-    expire(conn, queue.name, member)
+    expire(conn, queue.name, job.id)
 
 
 def history(server: EmbeddedServer, job_id: str) -> dict[str, Any]:

@@ -96,6 +96,7 @@ def test_rq_key_names_match_rq(conn: redis.Redis) -> None:
 def test_own_keys_share_the_prefix_and_a_namespace() -> None:
     own = [
         keys.leases_key(QUEUE),
+        keys.legacy_leases_key(QUEUE),
         keys.committed_key('j:e'),
         keys.finishing_key(),
         keys.stats_key(QUEUE),

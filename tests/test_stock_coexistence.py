@@ -50,13 +50,15 @@ def test_verdict_clears_rqs_execution_records(conn, start_worker, tmp_path: Path
     job = queue.enqueue('tests.jobs.sleep_and_record', str(tmp_path / 'log'), 'b', 60, max_stalled=5)
     worker = start_worker('books')
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')
-    (member,) = conn.zrange(keys.leases_key('books'), 0, -1)
-    job_id, execution_id = member.decode().split(':')
+    (lease,) = conn.zrange(keys.leases_key('books'), 0, -1)
+    assert lease.decode() == job.id  # the job's lease; its lease_execution names the execution
+    job_id, execution_id = job.id, Job.fetch(job.id, connection=conn).lease_execution
+    member = f'{job_id}:{execution_id}'.encode()  # RQ's name of the execution
     worker_names = [k.decode() for k in conn.keys('rq:worker:*:executions')]
     worker.kill()
     assert conn.exists(f'rq:execution:{member.decode()}')
     seconds, _ = conn.time()
-    conn.zadd(keys.leases_key('books'), {member: seconds - 1})
+    conn.zadd(keys.leases_key('books'), {lease: seconds - 1})
     report = Sweeper(conn, restart_grace=0).sweep(['books'])
     assert [v.verdict for v in report.verdicts] == ['recovered']
     assert not conn.exists(f'rq:execution:{member.decode()}')

@@ -10,7 +10,7 @@ from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
 from rq_epoch import Job, Queue, Sweeper, keys, scripts
-from tests.leases import OTHER_EPOCH, current_run_id, expire, start_job
+from tests.leases import OTHER_EPOCH, current_run_id, execution_of, expire, legacy_start_job, start_job
 
 
 def snapshot(conn: redis.Redis, exclude: tuple[str, ...] = ()) -> dict[bytes, object]:
@@ -45,15 +45,19 @@ def lease_entries(conn: redis.Redis, queue: str = 'default') -> tuple[int, int]:
     return conn.zcard(keys.leases_key(queue)), conn.zcard(keys.wip_key(queue))
 
 
-def test_ghost_removes_the_entry_and_nothing_else(conn) -> None:
+def test_ghost_removes_the_entry_and_rq_records_of_the_execution_and_nothing_else(conn) -> None:
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue)
+    execution = execution_of(job)
     conn.delete(job.key)
-    before = snapshot(conn, exclude=('rq:epoch:leases:', 'rq:wip:', 'rq:execution', 'rq:epoch:stats'))
+    excluded = ('rq:epoch:lease', 'rq:wip:', 'rq:execution', 'rq:worker:', 'rq:epoch:stats')
+    before = snapshot(conn, exclude=excluded)
     report = sweep(conn)
     assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job.id, 'ghost')]
     assert lease_entries(conn) == (0, 0)
-    assert snapshot(conn, exclude=('rq:epoch:leases:', 'rq:wip:', 'rq:execution', 'rq:epoch:stats')) == before
+    assert conn.exists(keys.execution_key(execution), keys.job_executions_key(job.id)) == 0
+    assert not conn.sismember(keys.worker_executions_key('test-worker'), execution)
+    assert snapshot(conn, exclude=excluded) == before
     assert not conn.exists(job.key)
 
 
@@ -69,16 +73,20 @@ def test_job_key_of_another_type_is_corrupt_and_left_untouched(conn) -> None:
 
 
 def test_malformed_member_is_corrupt(conn) -> None:
+    """A lease's member is a job id (no colon); a 0.2.0 lease's is <job_id>:<execution_id>."""
     seconds, _ = conn.time()
-    conn.zadd(keys.leases_key('default'), {'no-execution-id': seconds - 5, 'a:b:c': seconds - 5})
-    before = snapshot(conn, exclude=('rq:epoch:leases:', 'rq:epoch:stats'))
+    conn.zadd(keys.leases_key('default'), {'': seconds - 5, 'a:b': seconds - 5})
+    conn.zadd(keys.legacy_leases_key('default'), {'no-execution-id': seconds - 5, 'a:b:c': seconds - 5})
+    before = snapshot(conn, exclude=('rq:epoch:lease', 'rq:epoch:stats'))
     report = sweep(conn)
     assert sorted((v.member, v.verdict) for v in report.verdicts) == [
+        ('', 'corrupt'),
+        ('a:b', 'corrupt'),
         ('a:b:c', 'corrupt'),
         ('no-execution-id', 'corrupt'),
     ]
-    assert conn.zcard(keys.leases_key('default')) == 0
-    assert snapshot(conn, exclude=('rq:epoch:leases:', 'rq:epoch:stats')) == before
+    assert conn.exists(keys.leases_key('default'), keys.legacy_leases_key('default')) == 0
+    assert snapshot(conn, exclude=('rq:epoch:lease', 'rq:epoch:stats')) == before
 
 
 def test_finished_job_is_settled_and_keeps_its_result(conn) -> None:
@@ -96,12 +104,17 @@ def test_finished_job_is_settled_and_keeps_its_result(conn) -> None:
 
 
 def test_job_started_again_elsewhere_is_settled(conn) -> None:
+    """A 0.2.0 lease of a job that a newer execution was granted since: settled, and the newer lease stays."""
     queue = Queue('default', connection=conn)
-    job, member = start_job(conn, queue)
-    conn.hset(job.key, 'lease_execution', 'a-newer-execution')
+    job, member = legacy_start_job(conn, queue)
+    old_execution = member.split(':')[1]
+    scripts.grant()(conn, [keys.leases_key('default'), job.key], [job.id, 60, 'a-newer-execution'])
+    expire(conn, 'default', member, key=keys.legacy_leases_key)
     report = sweep(conn)
-    assert [v.verdict for v in report.verdicts] == ['settled']
+    assert [(v.member, v.verdict) for v in report.verdicts] == [(member, 'settled')]
     assert conn.hget(job.key, 'status') == b'started'
+    assert conn.hget(job.key, f'taken:{old_execution}') == b'settled'
+    assert conn.zscore(keys.leases_key('default'), job.id) is not None
     assert conn.llen(queue.key) == 0
 
 
@@ -160,11 +173,10 @@ def test_concurrent_sweepers_handle_each_lease_exactly_once(conn) -> None:
             job = queue.create_job('tests.jobs.add', args=(i, i))
             job.origin = 'default'
             job.save(pipeline=pipe)
-            member = f'{job.id}:exec{i}'
             epoch = run_id if i % 2 else OTHER_EPOCH  # half counted (recovered), half exempt
             pipe.hset(job.key, mapping={'status': 'started', 'lease_epoch': epoch, 'lease_execution': f'exec{i}'})
-            pipe.zadd(keys.wip_key('default'), {member: '+inf'})
-            pipe.zadd(keys.leases_key('default'), {member: 1})
+            pipe.zadd(keys.wip_key('default'), {f'{job.id}:exec{i}': '+inf'})
+            pipe.zadd(keys.leases_key('default'), {job.id: 1})
             jobs.append(job.id)
         pipe.execute()
 
@@ -198,7 +210,7 @@ def test_extend_after_the_sweep_does_not_bring_the_lease_back(conn) -> None:
     job, member = start_job(conn, queue)
     sweep(conn)
     leases_key = keys.leases_key('default')
-    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key], [member, 30])
+    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key], [job.id, 30, job.lease_execution])
     assert extended == 0
     assert run_id.decode() == current_run_id(conn)
     assert taken == b'recovered'  # the heartbeat learns which verdict took its lease
@@ -211,7 +223,7 @@ def test_extend_of_a_live_lease_pushes_the_deadline_and_restamps(conn) -> None:
     leases_key = keys.leases_key('default')
     before = conn.zscore(leases_key, member)
     extended, run_id, deadline, taken = scripts.extend()(
-        conn, [leases_key, job.key], [member, 120]
+        conn, [leases_key, job.key], [job.id, 120, job.lease_execution]
     )
     assert extended == 1
     assert taken == b''
@@ -230,7 +242,7 @@ def test_dry_run_writes_nothing(conn) -> None:
 
 
 def test_grant_refuses_a_job_that_is_gone(conn) -> None:
-    result = scripts.grant()(conn, [keys.leases_key('default'), keys.job_key('nope')], ['nope:x', 30, 'x'])
+    result = scripts.grant()(conn, [keys.leases_key('default'), keys.job_key('nope')], ['nope', 30, 'x'])
     assert result[0] == 0
     assert conn.zcard(keys.leases_key('default')) == 0
     assert not conn.exists(keys.job_key('nope'))

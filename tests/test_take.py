@@ -46,10 +46,10 @@ def test_the_grant_removes_the_intermediate_entry_and_its_first_sighting(conn) -
     Sweeper(conn, restart_grace=0).sweep([q.name for q in queues])  # sees it there: first sighting
     assert conn.hexists(keys.limbo_key(queues[1].name), job.id)
     registry = job.started_job_registry
-    scripts.grant()(conn, registry.grant_keys(job.id), [f'{job.id}:e1', 30, 'e1'])
+    scripts.grant()(conn, registry.grant_keys(job.id), [job.id, 30, 'e1'])
     assert conn.llen(queues[1].intermediate_queue_key) == 0
     assert not conn.hexists(keys.limbo_key(queues[1].name), job.id)
-    assert conn.zscore(registry.leases_key, f'{job.id}:e1') is not None
+    assert conn.zscore(registry.leases_key, job.id) is not None
 
 
 def test_a_stranded_take_is_rescued_uncounted_after_one_lease(conn) -> None:

@@ -9,10 +9,10 @@
 --   counts it for the per-queue counters unless it is a dry run or a deferral.
 -- count_verdicts(stats_key)
 --   Adds the verdicts of this call to the per-queue counters, one HINCRBY per verdict.
--- reply(run_id, uptime, now, primary, more, left_leases, left_stock)
+-- reply(run_id, uptime, now, primary, more, left_leases, left_stock, left_legacy)
 --   The reply every sweep verb returns: {run_id, uptime, now, role, primary_age,
 --   replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
---   left_stock, n, <n records>}.
+--   left_stock, left_legacy, n, <n records>}.
 -- requeue(prefix, job_key, job_id, queue, intermediate, ...)
 --   Status queued, pushed at the front of <prefix>:queue:<queue>, the queue registered in
 --   <prefix>:queues; with `intermediate` true, its entry in <prefix>:queue:<queue>:intermediate
@@ -40,9 +40,9 @@ local function judging_primary(run_id, uptime, now, prefix, dry)
   return primary, primary.role == 'master' and not primary.isolated
 end
 
-local function reply(run_id, uptime, now, primary, more, left_leases, left_stock)
+local function reply(run_id, uptime, now, primary, more, left_leases, left_stock, left_legacy)
   local head = {run_id, tostring(uptime), tostring(now), primary.role, tostring(primary.age), primary.online,
-                primary.expected, tostring(primary.first), more, left_leases, left_stock, #records}
+                primary.expected, tostring(primary.first), more, left_leases, left_stock, left_legacy, #records}
   for i = 1, #records do head[#head + 1] = records[i] end
   return head
 end

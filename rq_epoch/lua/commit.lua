@@ -5,8 +5,8 @@
 -- work-horse's death) must not land. The worker queues RQ's own bookkeeping for the
 -- outcome as usual; instead of sending those commands, it sends them here as arguments,
 -- and this script runs them only if, at this moment, the execution still holds its lease
--- (the lease member exists and the job's `lease_execution` is this execution). Check and
--- write are one atomic step.
+-- (the job's lease member exists and the job's `lease_execution` is this execution).
+-- Check and write are one atomic step.
 --
 -- An execution that was never granted a lease (its job was handed to the worker in a way
 -- that skipped the grant) is refused only on evidence: a sweep's record of taking it, or
@@ -14,13 +14,13 @@
 -- (KEYS[4]), so that the same commit sent again (the worker retries an outcome after a
 -- connection error, not knowing whether the first attempt landed) is refused as 'gone'
 -- instead of writing twice. A leased execution needs no such record: its first commit
--- removes its lease member, which the second finds missing.
+-- removes the job's lease member, which the second finds missing.
 --
--- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:lease:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
 -- KEYS[3]  per-queue counters                (<prefix>:epoch:stats:<queue>)
 -- KEYS[4]  record of an unleased commit      (<prefix>:epoch:committed:<job_id>:<execution_id>)
--- ARGV[1]  lease member, "<job_id>:<execution_id>"
+-- ARGV[1]  job id (the lease member)
 -- ARGV[2]  execution id
 -- ARGV[3]  "1" to commit (refusals are counted), "0" only to check (before a callback runs)
 -- ARGV[4]  number of commands that follow (0: only check the fence)
@@ -45,7 +45,7 @@
 --               or the record of KEYS[4] exists), or the job was cancelled or deleted
 
 local leases_key, job_key, stats_key, committed_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, execution = ARGV[1], ARGV[2]
+local job_id, execution = ARGV[1], ARGV[2]
 local committing = ARGV[3] == '1'
 local ncommands = tonumber(ARGV[4])
 
@@ -62,7 +62,7 @@ local function run(status)
 end
 
 local holder = redis.call('HGET', job_key, 'lease_execution')
-if holder == execution and redis.call('ZSCORE', leases_key, member) then
+if holder == execution and redis.call('ZSCORE', leases_key, job_id) then
   return run(1)
 end
 

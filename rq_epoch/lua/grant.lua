@@ -4,11 +4,16 @@
 -- execution. The deadline and the stamp are written together, so a granted lease
 -- never exists without a stamp.
 --
--- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- One lease per job: its member is the job id, and the job's `lease_execution` names the
+-- execution that holds it. A grant to a newer execution of the same job replaces the
+-- older lease (the older execution's heartbeat and commit then find another holder).
+--
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:lease:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
 -- KEYS[3]  optional: RQ's intermediate list of the queue (<prefix>:queue:<queue>:intermediate)
 -- KEYS[4]  optional: first sightings of jobs in that list (<prefix>:epoch:limbo:<queue>)
--- ARGV[1]  lease member, "<job_id>:<execution_id>"
+-- KEYS[5]  optional: RQ's StartedJobRegistry of the queue (<prefix>:wip:<queue>)
+-- ARGV[1]  job id (the lease member)
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 -- ARGV[3]  execution id
 --
@@ -20,13 +25,18 @@
 -- take, or by RQ's BLMOVE on a single queue) and its first sighting by a sweep are
 -- removed: once the lease exists, the lease is what the sweep recovers.
 --
+-- With KEYS[5], the registry entry "<job_id>:<execution_id>" of the execution whose lease
+-- this grant replaces (the job's `lease_execution` before it) is removed: that execution
+-- no longer holds the job, its outcome will be refused, and no sweep will judge a lease
+-- of it to drop the entry, which RQ keeps with no expiry.
+--
 -- A job that the sweep dead-lettered carries `stall_dead`; when it is granted again
 -- (someone requeued it by hand, with any tool) its stall budget starts afresh.
 
 -- @include _epoch.lua
 
-local leases_key, job_key, intermediate_key, limbo_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, execution = ARGV[1], ARGV[3]
+local leases_key, job_key, intermediate_key, limbo_key, wip_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job_id, execution = ARGV[1], ARGV[3]
 
 local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
@@ -35,11 +45,14 @@ if redis.call('EXISTS', job_key) == 0 then
   return {0, run_id, '0'}
 end
 
+if wip_key then
+  local previous = redis.call('HGET', job_key, 'lease_execution')
+  if previous and previous ~= execution then redis.call('ZREM', wip_key, job_id .. ':' .. previous) end
+end
 local deadline = server_now() + tonumber(ARGV[2])
-redis.call('ZADD', leases_key, deadline, member)
+redis.call('ZADD', leases_key, deadline, job_id)
 redis.call('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
 if limbo_key then
-  local job_id = string.sub(member, 1, #member - #execution - 1)
   redis.call('LREM', intermediate_key, 1, job_id)
   redis.call('HDEL', limbo_key, job_id)
 end

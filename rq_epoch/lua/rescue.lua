@@ -8,10 +8,11 @@
 -- are gone are ghosts, of keys that are not hashes corrupt; entries of jobs that already
 -- ended are dropped silently.
 --
--- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:lease:<queue>, member the job id)
 -- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
 -- KEYS[3]  first sightings of jobs stuck in the intermediate list (<prefix>:epoch:limbo:<queue>)
 -- KEYS[4]  per-queue verdict counters        (<prefix>:epoch:stats:<queue>)
+-- KEYS[5]  leases of rq-epoch 0.2.0 workers  (<prefix>:epoch:leases:<queue>, member "<job_id>:<execution_id>")
 -- ARGV[1]  RQ key prefix ("rq")
 -- ARGV[2]  queue name
 -- ARGV[3]  batch: at most this many entries of the intermediate list are read
@@ -27,12 +28,15 @@
 --   <prefix>:epoch:primaries                when this process became primary (_epoch.lua)
 --
 -- Like the sweep, a server that is not a primary, or an isolated primary, judges nothing.
--- Returns the reply of _sweep.lua (more, left_leases and left_stock are 0).
+-- A job has a live lease when its lease member is in KEYS[1], or its `lease_execution`
+-- has an entry in KEYS[5] or KEYS[2].
+--
+-- Returns the reply of _sweep.lua (more, left_leases, left_stock and left_legacy are 0).
 
 -- @include _epoch.lua
 -- @include _sweep.lua
 
-local leases_key, wip_key, limbo_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases_key, wip_key, limbo_key, stats_key, legacy_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 local run_id, uptime, err = current_epoch()
 if err then return redis.error_reply(err) end
@@ -42,7 +46,7 @@ local batch, default_max, limbo_timeout = tonumber(ARGV[3]), tonumber(ARGV[4]), 
 local dry = ARGV[6] == '1'
 local now = server_now()
 local primary, judges = judging_primary(run_id, uptime, now, prefix, dry)
-if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0) end
+if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0, 0) end
 
 local queue_key = prefix .. ':queue:' .. queue
 local intermediate = queue_key .. ':intermediate'
@@ -66,7 +70,8 @@ for _, job_id in ipairs(redis.call('LRANGE', intermediate, 0, batch - 1)) do
     local live = false
     if execution then
       local member = job_id .. ':' .. execution
-      live = redis.call('ZSCORE', leases_key, member) or redis.call('ZSCORE', wip_key, member)
+      live = redis.call('ZSCORE', leases_key, job_id) or redis.call('ZSCORE', legacy_key, member)
+        or redis.call('ZSCORE', wip_key, member)
     end
     if status == 'queued' and not live and not redis.call('LPOS', queue_key, job_id) then
       local first = redis.call('HGET', limbo_key, job_id)
@@ -90,4 +95,4 @@ end
 if not dry and redis.call('HLEN', limbo_key) > 4 * batch then redis.call('DEL', limbo_key) end
 if not dry then count_verdicts(stats_key) end
 
-return reply(run_id, uptime, now, primary, 0, 0, 0)
+return reply(run_id, uptime, now, primary, 0, 0, 0, 0)

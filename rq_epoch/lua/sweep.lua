@@ -3,10 +3,11 @@
 -- Runs atomically per call, so any number of sweepers (every worker's maintenance and
 -- any number of cron jobs) can run at once: a lease is judged by exactly one of them.
 --
--- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
+-- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:lease:<queue>, member the job id)
 -- KEYS[2]  RQ's StartedJobRegistry           (<prefix>:wip:<queue>)
 -- KEYS[3]  dead letters awaiting their Python side effects (<prefix>:epoch:finishing)
 -- KEYS[4]  per-queue verdict counters, and last_sweep: server TIME of the last call (<prefix>:epoch:stats:<queue>)
+-- KEYS[5]  leases of rq-epoch 0.2.0 workers  (<prefix>:epoch:leases:<queue>, member "<job_id>:<execution_id>")
 -- ARGV[1]  RQ key prefix ("rq")
 -- ARGV[2]  queue name
 -- ARGV[3]  batch: at most this many entries are read from each sorted set
@@ -17,12 +18,18 @@
 -- ARGV[8]  offset into the expired leases of KEYS[1]: how many the caller saw left in
 --          place by earlier calls of the same sweep (deferred ones; every one in a dry run)
 -- ARGV[9]  the same offset into the expired entries of KEYS[2]
+-- ARGV[10] the same offset into the expired leases of KEYS[5]
 --
--- Keys derived from ARGV[1] (prefix), ARGV[2] (queue) and each member
--- "<job_id>:<execution_id>":
+-- A lease of KEYS[1] is the job's: the execution that holds it is the job's
+-- `lease_execution`. A lease of KEYS[5] (granted by a 0.2.0 worker during an upgrade) and
+-- an entry of KEYS[2] name their execution themselves. RQ's records of the execution
+-- are named by "<job_id>:<execution_id>" (its <member> below) either way.
+--
+-- Keys derived from ARGV[1] (prefix), ARGV[2] (queue), each job id and its execution:
 --   <prefix>:job:<job_id>                       the job hash (read; written by verdicts)
 --   <prefix>:execution:<member>                 RQ's execution record (deleted)
---   <prefix>:executions:<job_id>                RQ's executions of the job (member removed)
+--   <prefix>:executions:<job_id>                RQ's executions of the job (member removed; read
+--                                               when a job's lease names no execution)
 --   <prefix>:worker:<worker_name>:executions    RQ's executions of the worker (member removed)
 --   <prefix>:queue:<queue>                      the queue (requeued jobs pushed at the front;
 --                                               read with LPOS for a granted, never-started job)
@@ -32,19 +39,28 @@
 --   <prefix>:failed:<queue>                     RQ's FailedJobRegistry (dead letters)
 --   <prefix>:epoch:primaries                    when this process became primary (_epoch.lua)
 --
--- Expired entries are read from two places: rq-epoch's leases (deadline <= TIME), and
--- RQ's StartedJobRegistry entries with a finite expired score, which only stock workers
--- write (rq-epoch gives its own entries the score +inf). The latter carry no stamp of
--- rq-epoch's and are never counted.
+-- Expired entries are read from three places: rq-epoch's leases (deadline <= TIME), the
+-- leases of 0.2.0 workers (KEYS[5], judged alike), and RQ's StartedJobRegistry entries
+-- with a finite expired score, which only stock workers write (rq-epoch gives its own
+-- entries the score +inf). The latter carry no stamp of rq-epoch's and are never counted.
 --
 -- Verdicts (docs: the verdict table):
 --   ghost      job hash gone                      -> entry removed
 --   corrupt    member malformed / job not a hash  -> entry removed, foreign key untouched
---   settled    job no longer started              -> entry removed, job untouched
+--   settled    job no longer started, or another  -> entry removed, job untouched
+--              execution holds it
 --   exempt     stamp missing or another process   -> requeued at front, stalled unchanged
 --   recovered  stamp is this process, budget left -> stalled + 1, requeued at front
 --   dead       stamp is this process, budget gone -> stalled + 1, failed, awaiting finish
 --   deferred   uncounted, but the server is younger than the grace: left for later
+--
+-- RQ's records of the execution go with the entry. For a ghost or a job key of another
+-- type, whose lease names no execution that can be read, those are the records of every
+-- execution in <prefix>:executions:<job_id> (RQ's executions of the job).
+--
+-- A job's lease whose `lease_execution` names an execution that holds a lease of KEYS[5]
+-- (a 0.2.0 worker granted the job again, after this lease) is settled: only the entry is
+-- removed. One whose job names no execution is settled the same way.
 --
 -- When a verdict takes a lease from an execution that may still be running (exempt,
 -- recovered, dead, or settled because a newer execution holds the job), the job hash
@@ -62,13 +78,15 @@
 --
 -- Returns the reply of _sweep.lua: {run_id, uptime, now, role, primary_age,
 -- replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
--- left_stock, n, <n records>}; left_leases / left_stock are how many entries this call
--- read from KEYS[1] / KEYS[2] and left in place (the caller adds them to its offsets).
+-- left_stock, left_legacy, n, <n records>}; left_leases / left_stock / left_legacy are
+-- how many entries this call read from KEYS[1] / KEYS[2] / KEYS[5] and left in place (the
+-- caller adds them to its offsets). A record's member is the entry as it was read: the
+-- job id for KEYS[1], "<job_id>:<execution_id>" for KEYS[2] and KEYS[5].
 
 -- @include _epoch.lua
 -- @include _sweep.lua
 
-local leases_key, wip_key, finishing_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases_key, wip_key, finishing_key, stats_key, legacy_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 local run_id, uptime, err = current_epoch()
 if err then return redis.error_reply(err) end
@@ -82,27 +100,46 @@ local default_failure_ttl = tonumber(ARGV[6])
 local dry = ARGV[7] == '1'
 local lease_offset = tonumber(ARGV[8]) or 0
 local stock_offset = tonumber(ARGV[9]) or 0
+local legacy_offset = tonumber(ARGV[10]) or 0
 local now = server_now()
 local primary, judges = judging_primary(run_id, uptime, now, prefix, dry)
-if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0) end
+if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0, 0) end
 
 local queue_key = prefix .. ':queue:' .. queue
+-- Where an entry was read: a job's lease, a 0.2.0 lease, RQ's registry (a stock worker).
+local LEASE, LEGACY, STOCK = 1, 2, 3
+local source_key = {leases_key, legacy_key, wip_key}
+local legacy_left = redis.call('EXISTS', legacy_key) == 1
 -- Entries read and left in place by this call.
 local left = 0
 
--- Forget the lease entry and RQ's records of the execution.
-local function drop(member, job_id, exec_id)
-  redis.call('ZREM', leases_key, member)
+-- Forget the entry as it was read (and RQ's entry of the same name, for a corrupt one).
+local function drop_entry(kind, member, corrupt)
+  redis.call('ZREM', source_key[kind], member)
+  if corrupt and kind == LEGACY then redis.call('ZREM', wip_key, member) end
+end
+
+-- Forget RQ's records of the execution <job_id>:<exec_id>.
+local function forget(job_id, exec_id)
+  local member = job_id .. ':' .. exec_id
   redis.call('ZREM', wip_key, member)
-  if job_id then
-    local execution_key = prefix .. ':execution:' .. member
-    local worker_name = redis.call('HGET', execution_key, 'worker_name')
-    redis.call('DEL', execution_key)
-    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
-    if worker_name and worker_name ~= '' then
-      redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
-    end
+  local execution_key = prefix .. ':execution:' .. member
+  local worker_name = redis.call('HGET', execution_key, 'worker_name')
+  redis.call('DEL', execution_key)
+  redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+  if worker_name and worker_name ~= '' then
+    redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
   end
+end
+
+-- Forget RQ's records of every execution of a job whose lease names none that can be read.
+local function forget_all(job_id)
+  for _, e in ipairs(redis.call('ZRANGE', prefix .. ':executions:' .. job_id, 0, batch - 1)) do forget(job_id, e) end
+end
+
+local function drop(kind, member, job_id, exec_id)
+  drop_entry(kind, member)
+  forget(job_id, exec_id)
 end
 
 local function bury(job_key, job_id, failure_ttl, stalled, epochs, taken_field)
@@ -114,10 +151,15 @@ local function bury(job_key, job_id, failure_ttl, stalled, epochs, taken_field)
   redis.call('ZADD', finishing_key, 0, queue .. '|' .. job_id)
 end
 
-local function judge(member, stock)
-  local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+local function judge(kind, member)
+  local job_id, exec_id
+  if kind == LEASE then
+    if member ~= '' and not string.find(member, ':', 1, true) then job_id = member end
+  else
+    job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+  end
   if not job_id then
-    if not dry then drop(member, nil, nil) end
+    if not dry then drop_entry(kind, member, true) end
     return record(member, 'corrupt', 0, 0, '', dry)
   end
   local job_key = prefix .. ':job:' .. job_id
@@ -125,36 +167,50 @@ local function judge(member, stock)
   local f = redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
                         'exempt_recoveries', 'stall_epochs', 'failure_ttl')
   if f.err then
-    if not dry then drop(member, nil, nil) end
+    if not dry then
+      drop_entry(kind, member, true)
+      if kind == LEASE then forget_all(job_id) end
+    end
     return record(member, 'corrupt', 0, 0, '', dry)
   end
   if not f[1] and redis.call('EXISTS', job_key) == 0 then
-    if not dry then drop(member, job_id, exec_id) end
+    if not dry then
+      drop_entry(kind, member)
+      if exec_id then forget(job_id, exec_id) else forget_all(job_id) end
+    end
     return record(member, 'ghost', 0, 0, '', dry)
   end
   local status, epoch, lease_execution = f[1], f[2], f[5]
   local stalled = tonumber(f[3]) or 0
   local max_stalled = tonumber(f[4])
   if max_stalled == nil or max_stalled < 1 or max_stalled % 1 ~= 0 then max_stalled = default_max end
-  if stock then epoch = false end
+  if kind == STOCK then epoch = false end
+  if kind == LEASE then
+    exec_id = lease_execution
+    if not exec_id or (legacy_left and redis.call('ZSCORE', legacy_key, job_id .. ':' .. exec_id)) then
+      -- No execution named, or the one named holds a 0.2.0 lease granted after this one.
+      if not dry then drop_entry(kind, member) end
+      return record(member, 'settled', stalled, max_stalled, epoch, dry)
+    end
+  end
   local taken_field = 'taken:' .. exec_id
 
   local never_started = false
   if status == 'started' then
-    if not stock and lease_execution and lease_execution ~= exec_id then
+    if kind == LEGACY and lease_execution and lease_execution ~= exec_id then
       if not dry then
-        drop(member, job_id, exec_id)
+        drop(kind, member, job_id, exec_id)
         redis.call('HSET', job_key, taken_field, 'settled')
       end
       return record(member, 'settled', stalled, max_stalled, epoch, dry)
     end
-  elseif status == 'queued' and not stock and lease_execution == exec_id
+  elseif status == 'queued' and kind ~= STOCK and lease_execution == exec_id
       and not redis.call('LPOS', queue_key, job_id) then
     -- Granted, then the worker died before the job started: it never ran, so it did
     -- not stall. Requeued uncounted.
     never_started = true
   else
-    if not dry then drop(member, job_id, exec_id) end
+    if not dry then drop(kind, member, job_id, exec_id) end
     return record(member, 'settled', stalled, max_stalled, epoch, dry)
   end
 
@@ -166,7 +222,7 @@ local function judge(member, stock)
   end
   if not counted then
     if not dry then
-      drop(member, job_id, exec_id)
+      drop(kind, member, job_id, exec_id)
       requeue(prefix, job_key, job_id, queue, never_started, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
     end
     return record(member, 'exempt', stalled, max_stalled, epoch, dry)
@@ -177,28 +233,46 @@ local function judge(member, stock)
   if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
   if stalled < max_stalled then
     if not dry then
-      drop(member, job_id, exec_id)
+      drop(kind, member, job_id, exec_id)
       requeue(prefix, job_key, job_id, queue, false, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
     end
     return record(member, 'recovered', stalled, max_stalled, epoch, dry)
   end
   if not dry then
-    drop(member, job_id, exec_id)
+    drop(kind, member, job_id, exec_id)
     bury(job_key, job_id, f[8], stalled, epochs, taken_field)
   end
   return record(member, 'dead', stalled, max_stalled, epoch, dry)
 end
 
 local leases = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch)
-for _, member in ipairs(leases) do judge(member, false) end
+for _, member in ipairs(leases) do judge(LEASE, member) end
 local left_leases = left
 if dry then left_leases = #leases end
+
+-- Leases of 0.2.0 workers, left from before an upgrade or written by those still running.
+left = 0
+local legacy = {}
+if legacy_left then
+  legacy = redis.call('ZRANGEBYSCORE', legacy_key, '-inf', now, 'LIMIT', legacy_offset, batch)
+  for _, member in ipairs(legacy) do judge(LEGACY, member) end
+end
+local left_legacy = left
+if dry then left_legacy = #legacy end
+
+-- Is RQ's entry <job_id>:<exec_id> the execution of a lease that rq-epoch manages?
+local function managed(member)
+  if legacy_left and redis.call('ZSCORE', legacy_key, member) then return true end
+  local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
+  if not job_id or not redis.call('ZSCORE', leases_key, job_id) then return false end
+  return redis.pcall('HGET', prefix .. ':job:' .. job_id, 'lease_execution') == exec_id
+end
 
 -- Stock workers' entries: finite, expired scores in RQ's registry, not managed by us.
 left = 0
 local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)
 for _, member in ipairs(stock) do
-  if redis.call('ZSCORE', leases_key, member) then left = left + 1 else judge(member, true) end
+  if managed(member) then left = left + 1 else judge(STOCK, member) end
 end
 local left_stock = left
 if dry then left_stock = #stock end
@@ -209,5 +283,5 @@ if not dry then
 end
 
 local more = 0
-if #leases >= batch or #stock >= batch then more = 1 end
-return reply(run_id, uptime, now, primary, more, left_leases, left_stock)
+if #leases >= batch or #stock >= batch or #legacy >= batch then more = 1 end
+return reply(run_id, uptime, now, primary, more, left_leases, left_stock, left_legacy)

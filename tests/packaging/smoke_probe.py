@@ -103,7 +103,7 @@ def wait_expired(url: str, queue_name: str, job_id: str, timeout: str) -> dict[s
     polls = 0
     while True:
         polls += 1
-        members = [m.decode() for m in conn.zrange(key, 0, -1) if m.decode().startswith(f'{job_id}:')]
+        members = [m.decode() for m in conn.zrange(key, 0, -1) if m.decode() == job_id]
         if not members:
             raise CheckFailed(f'job {job_id} holds no lease in {key}')
         score = conn.zscore(key, members[0])
