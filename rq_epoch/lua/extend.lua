@@ -6,6 +6,9 @@
 --
 -- KEYS[1]  leases sorted set of the queue   (<prefix>:epoch:leases:<queue>)
 -- KEYS[2]  job hash                          (<prefix>:job:<job_id>)
+-- KEYS[3]  optional: RQ's started registry of the queue (<prefix>:wip:<queue>); the
+--          member's entry there, if it still exists, gets RQ's "no expiry" score again
+--          (what RQ's heartbeat writes there, done here to save the heartbeat a command)
 -- ARGV[1]  lease member, "<job_id>:<execution_id>"
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 --
@@ -14,24 +17,35 @@
 -- decided (the job's field "taken:<execution_id>", written by the sweep), or '' when no
 -- sweep took it (the execution's own outcome ended it), so the
 -- worker can tell the two apart by this execution's identity alone.
--- Errors with EPOCH_UNAVAILABLE when the server yields no valid run_id.
+-- Errors with EPOCH_UNAVAILABLE when the server yields no valid run_id (nothing is
+-- written then).
 
 -- @include _epoch.lua
 
-local leases_key, job_key = KEYS[1], KEYS[2]
+local leases_key, job_key, wip_key = KEYS[1], KEYS[2], KEYS[3]
 local member = ARGV[1]
 
 local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
 
-if not redis.call('ZSCORE', leases_key, member) then
+if wip_key then
+  redis.call('ZADD', wip_key, 'XX', '+inf', member)
+end
+
+-- ZADD XX CH answers 0 for a lease that is gone, or (hardly ever) for one whose deadline
+-- did not change: only then is ZSCORE needed to tell the two apart.
+local deadline = server_now() + tonumber(ARGV[2])
+if redis.call('ZADD', leases_key, 'XX', 'CH', deadline, member) == 0
+    and not redis.call('ZSCORE', leases_key, member) then
   local execution = string.match(member, ':([^:]+)$') or ''
   return {0, run_id, '0', redis.call('HGET', job_key, 'taken:' .. execution) or ''}
 end
 
-local deadline = server_now() + tonumber(ARGV[2])
-redis.call('ZADD', leases_key, 'XX', deadline, member)
-if redis.call('EXISTS', job_key) == 1 then
+-- The stamp is written only when it names another process (or none): from the second
+-- heartbeat on it names this one already, and a read costs less than a write, which is
+-- also propagated to the AOF and the replicas. A job hash that is gone is not created.
+local stamp = redis.call('HGET', job_key, 'lease_epoch')
+if stamp ~= run_id and (stamp or redis.call('EXISTS', job_key) == 1) then
   redis.call('HSET', job_key, 'lease_epoch', run_id)
 end
 return {1, run_id, tostring(deadline), ''}
