@@ -147,35 +147,34 @@ class Heartbeats(FencedOutcomes):
             ttl = int(self.get_heartbeat_ttl(job, working_time=working_time))
         else:
             ttl = int(self.get_heartbeat_ttl(job))
-        registry = job.started_job_registry
+        registry = cast(EpochJobMixin, adopt(job)).heartbeat_registry
+        registry.extend_index = None  # set again when RQ's heartbeat registers the execution
         with connection.pipeline() as pipeline:
             self.heartbeat(worker_ttl, pipeline=pipeline)
             execution.heartbeat(registry, ttl, pipeline=pipeline)
             job_index = len(pipeline)
             job.heartbeat(now(), ttl, pipeline=pipeline, xx=True)
             results = pipeline.execute(raise_on_error=False)
-        extend_result = results[registry.extend_index] if registry.extend_index is not None else None
-        if isinstance(extend_result, redis.exceptions.NoScriptError):
-            scripts.load_all(connection)
-            extend_result = scripts.extend()(
-                connection,
-                [registry.leases_key, job.key],
-                [job.id, ttl, execution.id],
-            )
-        for result in results:
-            if isinstance(result, redis.exceptions.ResponseError) and result is not extend_result:
-                if not isinstance(result, redis.exceptions.NoScriptError):
-                    raise result
-        if isinstance(extend_result, redis.exceptions.ResponseError):
-            scripts.raise_typed(extend_result)
-        with connection.pipeline() as pipeline:
+            extend_index = registry.extend_index
+            extend_result = results[extend_index] if extend_index is not None else None
+            for index, result in enumerate(results):
+                if isinstance(result, redis.exceptions.ResponseError) and index != extend_index:
+                    if not isinstance(result, redis.exceptions.NoScriptError):
+                        raise result
+            if isinstance(extend_result, redis.exceptions.NoScriptError):
+                scripts.load_all(connection)
+                extend_result = scripts.extend()(
+                    connection, registry.extend_keys(job.id), [job.id, max(ttl, 1), execution.id]
+                )
+            elif isinstance(extend_result, redis.exceptions.ResponseError):
+                scripts.raise_typed(extend_result)
+            # RQ's follow-up, on the same pipeline: sent only when there is something to send.
             if results[job_index] == 1:  # the job hash was gone: don't leave a stub (rq#1450)
                 pipeline.delete(job.key)
             if results[0] == 1:  # the worker hash had expired
                 pipeline.hset(self.key, mapping=self.serialize())
                 pipeline.expire(self.key, worker_ttl)
-            if len(pipeline):
-                pipeline.execute()
+            pipeline.execute()
         if extend_result is None:
             raise RqEpochError(
                 f'the heartbeat of job {job.id} carried no lease extension: its registry is not '

@@ -72,6 +72,7 @@ class EpochJobMixin(_MixinBase):
     fence: Fence | None = None
     #: True once the fence refused this process's outcome of the job.
     outcome_refused: bool = False
+    _heartbeat_registry: StartedJobRegistry | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease_epoch = None
@@ -175,6 +176,18 @@ class EpochJobMixin(_MixinBase):
         return StartedJobRegistry(
             self.origin, connection=self.connection, job_class=self.__class__, serializer=self.serializer
         )
+
+    @property
+    def heartbeat_registry(self) -> StartedJobRegistry:
+        """The started registry this job object's heartbeats use, built at the first one.
+
+        RQ builds a new registry at every heartbeat (:attr:`started_job_registry`), which
+        resolves the serializer each time (~10 µs); a running job's queue does not change.
+        """
+        registry = self._heartbeat_registry
+        if registry is None or registry.name != self.origin:
+            registry = self._heartbeat_registry = self.started_job_registry
+        return registry
 
     def __eq__(self, other: object) -> bool:
         """RQ's equality (same id, an instance of the job's class), with the epoch layer transparent.

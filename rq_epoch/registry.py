@@ -41,17 +41,23 @@ class StartedJobRegistry(RQStartedJobRegistry):
     def add_execution(self, execution: Execution, pipeline: Pipeline, ttl: int = 0, xx: bool = False) -> int:
         """Register an execution: RQ's entry with no expiry, and the stamped lease.
 
-        Without ``xx`` (an execution starting) the grant script is queued; with ``xx`` (a
-        heartbeat) the extend script is, and :attr:`extend_index` says where its answer is.
+        Without ``xx`` (an execution starting) RQ's entry is written and the grant script
+        queued; with ``xx`` (a heartbeat) only the extend script is, which also gives RQ's
+        entry its "no expiry" score again, so that a heartbeat sends no more commands than
+        RQ's own. :attr:`extend_index` says where the extend script's answer is.
         """
-        pipeline.zadd(self.key, {execution.composite_key: NO_EXPIRY}, xx=xx)
         lease_args = [execution.job_id, max(int(ttl), 1), execution.id]
         if xx:
             self.extend_index = len(pipeline)
-            scripts.extend().queue(pipeline, [self.leases_key, keys.job_key(execution.job_id)], lease_args)
+            scripts.extend().queue(pipeline, self.extend_keys(execution.job_id), lease_args)
         else:
+            pipeline.zadd(self.key, {execution.composite_key: NO_EXPIRY})
             scripts.grant().queue(pipeline, self.grant_keys(execution.job_id), lease_args)
         return 0
+
+    def extend_keys(self, job_id: str) -> list[str]:
+        """KEYS of the extend script for a job of this queue: the lease, the job, RQ's entry."""
+        return [self.leases_key, keys.job_key(job_id), self.key]
 
     def grant_keys(self, job_id: str) -> list[str]:
         """KEYS of the grant script for a job of this queue.

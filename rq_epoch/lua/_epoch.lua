@@ -4,7 +4,20 @@
 -- current_epoch() -> run_id, uptime_in_seconds   (or nil, nil, error text)
 --   Reads the run_id of the server process running this script, from INFO server,
 --   and checks its shape: exactly 40 characters of 0-9a-f. Never cached anywhere.
+-- run_id_of(info) -> run_id   (or nil, the text that stood in its place)
+--   The run_id line of INFO server text, when it has that shape.
 -- server_now() -> seconds since the Unix epoch, from the server clock (TIME).
+--
+-- INFO text is searched with plain finds of whole line starts: a pattern search tries a
+-- match at every position of the text, which made the parsing cost more than the INFO.
+
+local function run_id_of(info)
+  local at = string.find(info, '\nrun_id:', 1, true)
+  if not at then return nil, nil end
+  local run_id = string.match(info, '^[^\r\n]*', at + 8)
+  if string.len(run_id) ~= 40 or string.find(run_id, '[^0-9a-f]') then return nil, run_id end
+  return run_id
+end
 
 local function current_epoch()
   local ok, info = pcall(redis.call, 'INFO', 'server')
@@ -14,11 +27,13 @@ local function current_epoch()
     return nil, nil, 'EPOCH_UNAVAILABLE INFO server was refused (the server user needs the ACL rule +info): '
       .. tostring(reason)
   end
-  local run_id = string.match(info, 'run_id:([^\r\n]*)')
-  if run_id == nil or string.len(run_id) ~= 40 or string.find(run_id, '[^0-9a-f]') then
-    return nil, nil, 'EPOCH_UNAVAILABLE INFO server has no valid run_id: ' .. tostring(run_id)
+  local run_id, found = run_id_of(info)
+  if run_id == nil then
+    return nil, nil, 'EPOCH_UNAVAILABLE INFO server has no valid run_id: ' .. tostring(found)
   end
-  local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
+  local uptime = 0
+  local at = string.find(info, '\nuptime_in_seconds:', 1, true)
+  if at then uptime = tonumber(string.match(info, '^%d+', at + 19)) or 0 end
   return run_id, uptime, nil
 end
 
