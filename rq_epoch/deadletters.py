@@ -28,9 +28,12 @@ from .settings import EpochSettings
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['DeadLetters']
+__all__ = ['CLAIM_BATCH', 'DeadLetters']
 
 logger = logging.getLogger('rq_epoch')
+
+#: Dead letters claimed (and then finished, with one transaction for their failure Results) at a time.
+CLAIM_BATCH = 100
 
 
 class DeadLetters:
@@ -50,7 +53,7 @@ class DeadLetters:
         done: list[str] = []
         while len(done) < limit:
             claimed = scripts.claim()(
-                self.connection, [keys.finishing_key()], [min(100, limit - len(done)), self.claim_ttl]
+                self.connection, [keys.finishing_key()], [min(CLAIM_BATCH, limit - len(done)), self.claim_ttl]
             )
             if not claimed:
                 break
@@ -170,14 +173,21 @@ class DeadLetters:
                 logger.exception('sweep: could not enqueue dependents of job %s', job.id)
 
     def _record_failures(self, ready: list[tuple[str, Job, str]]) -> set[str]:
-        """One transaction for the batch; job by job if the finishing set changed meanwhile."""
+        """One transaction for the batch; job by job if one of its jobs changed meanwhile.
+
+        Only entries still in the finishing set are recorded. The transaction watches the
+        jobs' hashes, not the finishing set: every sweeper writes that set all the time
+        (verdicts, claims), while a job's hash changes under a claimed batch only when
+        someone else wrote its outcome (a sweeper that claimed it after this claim
+        expired, or a requeue by hand).
+        """
         if not ready:
             return set()
         finishing = keys.finishing_key()
         members = [member for member, _, _ in ready]
         with self.connection.pipeline() as pipeline:
             try:
-                pipeline.watch(finishing)
+                pipeline.watch(*(job.key for _, job, _ in ready))
                 scores = pipeline.zmscore(finishing, members)
                 pipeline.multi()
                 kept = set()
@@ -185,7 +195,9 @@ class DeadLetters:
                     if score is None:
                         continue
                     kept.add(member)
-                    self._queue_failure(pipeline, job, member, reason)
+                    self._queue_failure(pipeline, job, reason)
+                if kept:
+                    pipeline.zrem(finishing, *kept)
                 pipeline.execute()
             except WatchError:
                 kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
@@ -201,22 +213,23 @@ class DeadLetters:
             logger.exception('sweep: on_failure callback of job %s raised', job.id)
 
     @staticmethod
-    def _queue_failure(pipeline: Any, job: Job, member: str, reason: str) -> None:
-        """Queue RQ's failure bookkeeping (status, registry, Result) and drop the finishing entry."""
+    def _queue_failure(pipeline: Any, job: Job, reason: str) -> None:
+        """Queue RQ's failure bookkeeping (status, job hash, registry, Result); the caller drops the finishing entry."""
         job.ended_at = now()  # written by RQ's job.save() in the bookkeeping, with the status
         compat.record_job_failure(job, reason, pipeline)
-        pipeline.zrem(keys.finishing_key(), member)
 
     def _record_failure(self, job: Job, member: str, reason: str) -> bool:
+        """One job's failure bookkeeping, if its finishing entry is still there (a few tries)."""
         finishing = keys.finishing_key()
         for _ in range(10):
             with self.connection.pipeline() as pipeline:
                 try:
-                    pipeline.watch(finishing)
+                    pipeline.watch(job.key)
                     if pipeline.zscore(finishing, member) is None:
                         return False
                     pipeline.multi()
-                    self._queue_failure(pipeline, job, member, reason)
+                    self._queue_failure(pipeline, job, reason)
+                    pipeline.zrem(finishing, member)
                     pipeline.execute()
                     return True
                 except WatchError:
