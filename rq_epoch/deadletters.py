@@ -103,8 +103,9 @@ class DeadLetters:
         One round trip reads every job hash (its stall epochs included) and whether the job
         has dependents; callbacks and handlers run per job, dependents only for jobs that
         have some; one transaction then writes every failure Result and removes the
-        finishing entries, so each Result exists exactly once. If another sweeper touches
-        the finishing set meanwhile, the batch falls back to one transaction per job.
+        finishing entries, so each Result exists exactly once. If one of the jobs' hashes
+        changes meanwhile (someone else wrote its outcome), the batch falls back to one
+        transaction per job (see :meth:`_record_failures`).
         """
         finishing = keys.finishing_key()
         ids = [m.split('|', 1)[1] for m in members]
