@@ -19,6 +19,7 @@ CASE_LABELS = {
     'recovered': 'rq-epoch sweep, recovered (requeue)',
     'stock-fail': 'stock cleanup, fail + side effects',
     'dead': 'rq-epoch sweep, dead + side effects',
+    'dead-floor': "floor: RQ's failure side effects alone, batched",
 }
 
 

@@ -12,11 +12,17 @@ stock-fail    stock        no retry: failed, failure Result, callback, dependent
 dead          rq-epoch     stamped by this process, ``max_stalled=1``: the same side effects
 floor         floor        as ``exempt``, cleaned by :data:`FLOOR_SCRIPT`: only the essential
                            writes of an uncounted requeue, the same batches
+dead-floor    floor        as ``stock-fail``, failed by :func:`fail_like_rq`: RQ's side
+                           effects alone, in batches, as few round trips as RQ's functions allow
 ============  ===========  ==============================================================
 
 The floor is what no sweep can go below with RQ's bookkeeping: per lease, read the job's
 status and stamp, drop the lease, RQ's ``wip`` entry and the execution records, set the
 status to queued and push the job back; per call, read the run_id once.
+
+The dead-letter floor is the same for failures: what no cleanup can go below while RQ's own
+functions write the side effects (see :func:`fail_like_rq`). Both sides of ``stock-fail`` and
+``dead`` do all of it; what they differ in is everything around it.
 
 Every job has an ``on_failure`` callback; in the failing cases one job in ten has a
 dependent with ``allow_failure``, which each side must enqueue. Each case runs on a flushed
@@ -31,10 +37,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
+from rq.exceptions import AbandonedJobError
+from rq.job import Job as StockJob
+from rq.job import JobStatus
+from rq.queue import Queue as StockQueue
 from rq.registry import FailedJobRegistry
 from rq.registry import StartedJobRegistry as StockStartedJobRegistry
+from rq.timeouts import UnixSignalDeathPenalty
+from rq.utils import current_timestamp
 
-from rq_epoch import Sweeper, keys
+from rq_epoch import Sweeper, compat, keys
+from rq_epoch.deadletters import CLAIM_BATCH
 
 from . import jobs as job_functions
 from .common import EPOCH, STOCK, command_delta, commandstats, count_traffic, timed
@@ -55,9 +68,12 @@ class Case:
     requeue: bool
     stamp: str | None = None
     max_stalled: int = 3
+    #: Whose workers started the jobs (default: the side's own; rq-epoch's for the requeue floor).
+    started_by: str | None = None
 
 
 FLOOR = 'floor'
+DEAD_FLOOR = 'dead-floor'
 
 #: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
 #: key prefix, queue name, batch). A lease's member is the job id; the job's
@@ -98,9 +114,18 @@ CASES: dict[str, Case] = {
     'stock-fail': Case('stock-fail', STOCK, requeue=False),
     'dead': Case('dead', EPOCH, requeue=False, max_stalled=1),
     FLOOR: Case(FLOOR, FLOOR, requeue=True, stamp=OTHER_EPOCH),
+    DEAD_FLOOR: Case(DEAD_FLOOR, FLOOR, requeue=False, started_by=STOCK),
 }
-#: The stock case each rq-epoch case is compared with.
-BASELINE = {'exempt': 'stock-retry', 'recovered': 'stock-retry', 'dead': 'stock-fail'}
+#: The stock case each rq-epoch (or floor) case is compared with.
+BASELINE = {'exempt': 'stock-retry', 'recovered': 'stock-retry', 'dead': 'stock-fail', DEAD_FLOOR: 'stock-fail'}
+#: The floor each case is measured against.
+FLOOR_OF = {
+    'stock-retry': FLOOR,
+    'exempt': FLOOR,
+    'recovered': FLOOR,
+    'stock-fail': DEAD_FLOOR,
+    'dead': DEAD_FLOOR,
+}
 REQUEUE_CASES = ('stock-retry', 'exempt', 'recovered')
 DEAD_CASES = ('stock-fail', 'dead')
 
@@ -138,8 +163,52 @@ def prepare(conn: redis.Redis, case: Case, n: int) -> JobSet:
     jobs = enqueue_jobs(
         conn, QUEUE, n, retry=case.requeue, on_failure=True, dependents_every=0 if case.requeue else DEPENDENTS_EVERY
     )
-    start_jobs(conn, jobs, EPOCH if case.side == FLOOR else case.side, stamp=case.stamp)
+    started_by = case.started_by or (EPOCH if case.side == FLOOR else case.side)
+    start_jobs(conn, jobs, started_by, stamp=case.stamp)
     return jobs
+
+
+def fail_like_rq(conn: redis.Redis, batch: int = CLAIM_BATCH) -> None:
+    """Fail every expired job of :data:`QUEUE`'s ``wip`` as stock cleanup does, with RQ's own
+    functions, in as few round trips as they allow: the dead-letter floor.
+
+    Per batch (rq-epoch's claim batch): one round trip reads the job hashes and whether each
+    job has dependents; per job, its ``on_failure`` callback under the death penalty; one
+    transaction writes RQ's failure bookkeeping (``record_job_failure``: status, job hash,
+    TTLs, FailedJobRegistry, failure Result) and drops the ``wip`` entries; then
+    ``enqueue_dependents`` for the jobs that have dependents. No exception handlers, no
+    webhooks, no log lines, no rate-limit slots: those cost nothing here on either side.
+    """
+    registry = StockStartedJobRegistry(QUEUE, connection=conn)
+    queue = StockQueue(QUEUE, connection=conn)
+    for _ in range(10_000_000):
+        expired = conn.zrangebyscore(registry.key, '-inf', current_timestamp(), start=0, num=batch)
+        members = [m.decode() for m in expired]
+        if not members:
+            break
+        ids = [member.split(':', 1)[0] for member in members]
+        with conn.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(StockJob.key_for(job_id))
+                pipe.exists(StockJob.dependents_key_for(job_id))
+            replies = pipe.execute()
+        failed = []
+        for job_id, raw, has_dependents in zip(ids, replies[::2], replies[1::2], strict=True):
+            job = StockJob(job_id, connection=conn)
+            job.restore(raw)
+            if job.get_status(refresh=False) != JobStatus.STARTED:
+                continue
+            error = AbandonedJobError()
+            compat.execute_failure_callback(job, UnixSignalDeathPenalty, AbandonedJobError, error, None)
+            failed.append((job, bool(has_dependents)))
+        with conn.pipeline() as pipe:
+            for job, _ in failed:
+                compat.record_job_failure(job, 'Moved to FailedJobRegistry, due to AbandonedJobError', pipe)
+            pipe.zrem(registry.key, *members)
+            pipe.execute()
+        for job, has_dependents in failed:
+            if has_dependents:
+                queue.enqueue_dependents(job, refresh_job_status=False)
 
 
 def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Callable[[], Any]:
@@ -151,6 +220,8 @@ def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Cal
     """
     if case.side == STOCK:
         return lambda: StockStartedJobRegistry(QUEUE, connection=conn).cleanup()
+    if case.name == DEAD_FLOOR:
+        return lambda: fail_like_rq(conn)
     if case.side == FLOOR:
         floor = conn.register_script(FLOOR_SCRIPT)
         batch = batch_size or Sweeper(conn).settings.batch_size

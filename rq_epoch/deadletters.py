@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import WatchError
 from rq.job import JobStatus
@@ -20,7 +20,7 @@ from rq.utils import now
 from . import compat, keys, scripts
 from .compat import text
 from .errors import StalledJobError
-from .job import Job
+from .job import Job, _field
 from .queue import Queue
 from .report import SweepReport
 from .settings import EpochSettings
@@ -28,9 +28,12 @@ from .settings import EpochSettings
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['DeadLetters']
+__all__ = ['CLAIM_BATCH', 'DeadLetters']
 
 logger = logging.getLogger('rq_epoch')
+
+#: Dead letters claimed (and then finished, with one transaction for their failure Results) at a time.
+CLAIM_BATCH = 100
 
 
 class DeadLetters:
@@ -50,7 +53,7 @@ class DeadLetters:
         done: list[str] = []
         while len(done) < limit:
             claimed = scripts.claim()(
-                self.connection, [keys.finishing_key()], [min(100, limit - len(done)), self.claim_ttl]
+                self.connection, [keys.finishing_key()], [min(CLAIM_BATCH, limit - len(done)), self.claim_ttl]
             )
             if not claimed:
                 break
@@ -75,35 +78,55 @@ class DeadLetters:
         )
 
     def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
-        """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
-        logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
+        """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger).
+
+        The record is made directly, as for the sweep's verdict lines: no search of the
+        stack for the caller, which would cost as much as the rest of the record.
+        """
+        if not logger.isEnabledFor(logging.ERROR):
+            return
+        record = logger.makeRecord(
+            logger.name,
+            logging.ERROR,
+            __file__,
+            _LOG_DEAD_LETTER_LINE,
+            'sweep: job %s dead-lettered to FailedJobRegistry of %s: %s',
+            (job.id, queue_name, reason),
+            None,
+            func='log_dead_letter',
+        )
+        logger.handle(record)
 
     def finish_many(self, members: list[str]) -> list[str]:
         """Side effects of claimed dead letters, a batch at a time; returns the job ids finished.
 
-        Two round trips read every job, its stall epochs and whether it has dependents;
-        callbacks and handlers run per job, dependents only for jobs that have some; one
-        transaction then writes every failure Result and removes the finishing entries,
-        so each Result exists exactly once. If another sweeper touches the finishing set
-        meanwhile, the batch falls back to one transaction per job.
+        One round trip reads every job hash (its stall epochs included) and whether the job
+        has dependents; callbacks and handlers run per job, dependents only for jobs that
+        have some; one transaction then writes every failure Result and removes the
+        finishing entries, so each Result exists exactly once. If one of the jobs' hashes
+        changes meanwhile (someone else wrote its outcome), the batch falls back to one
+        transaction per job (see :meth:`_record_failures`).
         """
         finishing = keys.finishing_key()
         ids = [m.split('|', 1)[1] for m in members]
-        jobs = self.job_class.fetch_many(ids, connection=self.connection, serializer=self.serializer)
+        job_class = self.job_class
         with self.connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hget(keys.job_key(job_id), 'stall_epochs')
-                pipe.exists(keys.job_dependents_key(job_id))
-            extra = pipe.execute()
+                pipe.hgetall(job_class.key_for(job_id))
+                pipe.exists(job_class.dependents_key_for(job_id))
+            replies = pipe.execute()
         ready: list[tuple[str, Job, str]] = []
         moot = []
-        for i, (member, job) in enumerate(zip(members, jobs, strict=True)):
+        queues: dict[str, Queue] = {}
+        for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
+            job = self._restore(job_id, replies[2 * i])
             if job is None or job.get_status(refresh=False) != JobStatus.FAILED:
                 moot.append(member)  # gone, or requeued by hand before we finished
                 continue
-            job = cast(Job, job)
-            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, extra[2 * i] or '')
-            self._side_effects(job, member.split('|', 1)[0], reason, bool(extra[2 * i + 1]))
+            epochs = _field(replies[2 * i], 'stall_epochs') or ''
+            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs)
+            queue_name = member.split('|', 1)[0]
+            self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), queues)
             ready.append((member, job, reason))
         if moot:
             self.connection.zrem(finishing, *moot)
@@ -113,7 +136,21 @@ class DeadLetters:
                 self._after_failure(job, reason)
         return [job.id for member, job, _ in ready if member in recorded]
 
-    def _side_effects(self, job: Job, queue_name: str, reason: str, has_dependents: bool) -> None:
+    def _restore(self, job_id: str, raw: Any) -> Job | None:
+        """The job read from its hash as ``Job.fetch_many`` makes it; None if it is gone or unreadable."""
+        if not raw:
+            return None
+        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        try:
+            job.restore(raw)
+        except Exception:
+            logger.exception('sweep: dead letter %s cannot be read; its side effects are not run', job_id)
+            return None
+        return job
+
+    def _side_effects(
+        self, job: Job, queue_name: str, reason: str, has_dependents: bool, queues: dict[str, Queue] | None = None
+    ) -> None:
         error = StalledJobError(reason)
         self._run_failure_callback(job, error)
         for handler in self.exception_handlers:
@@ -123,23 +160,35 @@ class DeadLetters:
             except Exception:
                 logger.exception('sweep: exception handler for job %s raised', job.id)
         if has_dependents:
-            queue = self.queue_class(
-                queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
-            )
+            queue = None if queues is None else queues.get(queue_name)
+            if queue is None:
+                queue = self.queue_class(
+                    queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
+                )
+                if queues is not None:
+                    queues[queue_name] = queue
             try:
-                queue.enqueue_dependents(job)
+                # The job's status was read after the sweep script failed it: no need to read it again.
+                queue.enqueue_dependents(job, refresh_job_status=False)
             except Exception:
                 logger.exception('sweep: could not enqueue dependents of job %s', job.id)
 
     def _record_failures(self, ready: list[tuple[str, Job, str]]) -> set[str]:
-        """One transaction for the batch; job by job if the finishing set changed meanwhile."""
+        """One transaction for the batch; job by job if one of its jobs changed meanwhile.
+
+        Only entries still in the finishing set are recorded. The transaction watches the
+        jobs' hashes, not the finishing set: every sweeper writes that set all the time
+        (verdicts, claims), while a job's hash changes under a claimed batch only when
+        someone else wrote its outcome (a sweeper that claimed it after this claim
+        expired, or a requeue by hand).
+        """
         if not ready:
             return set()
         finishing = keys.finishing_key()
         members = [member for member, _, _ in ready]
         with self.connection.pipeline() as pipeline:
             try:
-                pipeline.watch(finishing)
+                pipeline.watch(*(job.key for _, job, _ in ready))
                 scores = pipeline.zmscore(finishing, members)
                 pipeline.multi()
                 kept = set()
@@ -147,7 +196,9 @@ class DeadLetters:
                     if score is None:
                         continue
                     kept.add(member)
-                    self._queue_failure(pipeline, job, member, reason)
+                    self._queue_failure(pipeline, job, reason)
+                if kept:
+                    pipeline.zrem(finishing, *kept)
                 pipeline.execute()
             except WatchError:
                 kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
@@ -163,23 +214,23 @@ class DeadLetters:
             logger.exception('sweep: on_failure callback of job %s raised', job.id)
 
     @staticmethod
-    def _queue_failure(pipeline: Any, job: Job, member: str, reason: str) -> None:
-        """Queue RQ's failure bookkeeping (status, registry, Result) and drop the finishing entry."""
-        job.ended_at = now()
+    def _queue_failure(pipeline: Any, job: Job, reason: str) -> None:
+        """Queue RQ's failure bookkeeping (status, job hash, registry, Result); the caller drops the finishing entry."""
+        job.ended_at = now()  # written by RQ's job.save() in the bookkeeping, with the status
         compat.record_job_failure(job, reason, pipeline)
-        pipeline.hset(job.key, 'ended_at', job.ended_at.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))
-        pipeline.zrem(keys.finishing_key(), member)
 
     def _record_failure(self, job: Job, member: str, reason: str) -> bool:
+        """One job's failure bookkeeping, if its finishing entry is still there (a few tries)."""
         finishing = keys.finishing_key()
         for _ in range(10):
             with self.connection.pipeline() as pipeline:
                 try:
-                    pipeline.watch(finishing)
+                    pipeline.watch(job.key)
                     if pipeline.zscore(finishing, member) is None:
                         return False
                     pipeline.multi()
-                    self._queue_failure(pipeline, job, member, reason)
+                    self._queue_failure(pipeline, job, reason)
+                    pipeline.zrem(finishing, member)
                     pipeline.execute()
                     return True
                 except WatchError:
@@ -197,3 +248,7 @@ class DeadLetters:
                 send(JobStatus.FAILED, exc_string=reason)
             except Exception:
                 logger.exception('sweep: failed webhooks of job %s raised', job.id)
+
+
+#: The line reported by the records of :meth:`DeadLetters.log_dead_letter`.
+_LOG_DEAD_LETTER_LINE = DeadLetters.log_dead_letter.__code__.co_firstlineno

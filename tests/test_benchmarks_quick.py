@@ -69,7 +69,8 @@ def test_benchmark_runs_in_quick_mode(module: str, results_dir: Path) -> None:
 def test_sweep_benchmark_runs_on_other_servers(kind: str, tmp_path: Path) -> None:
     doc = run_quick('sweep_vs_cleanup', tmp_path / 'sweep.json', '--server', kind)
     assert doc['server'].startswith(kind)
-    assert {row['case'] for row in doc['rows']} == {'stock-retry', 'exempt', 'recovered', 'stock-fail', 'dead', 'floor'}
+    cases = {row['case'] for row in doc['rows']}
+    assert cases == {'stock-retry', 'exempt', 'recovered', 'stock-fail', 'dead', 'floor', 'dead-floor'}
     assert all(row['ok'] for row in doc['rows'])
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import redis
 from rq import Callback
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Dependency, JobStatus
@@ -14,7 +17,7 @@ from rq.queue import Queue as StockQueue
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.worker import Worker as StockWorker
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper, compat, keys
 from tests.conftest import ROOT, wait_for
 from tests.leases import start_job
 
@@ -32,9 +35,7 @@ def run_pill_until_dead(conn, queue: Queue, pill: Job, start_worker, attempts: i
             what='the pill taking its worker down',
         )
     wait_for(lambda: pill.get_status(refresh=True) == JobStatus.FAILED, 30, what='pill dead-lettered')
-    wait_for(
-        lambda: conn.zscore(keys.finishing_key(), f'{queue.name}|{pill.id}') is None, 30, what='side effects run'
-    )
+    wait_for(lambda: conn.zscore(keys.finishing_key(), f'{queue.name}|{pill.id}') is None, 30, what='side effects run')
     return workers
 
 
@@ -175,3 +176,88 @@ def test_each_verdict_is_one_log_line_and_the_report_serialises(conn, caplog) ->
     data = json.loads(json.dumps(report.to_dict()))
     assert data['queues']['logs']['recovered'] == 1
     assert data['verdicts'][0]['job_id'] == job.id
+
+
+def results_and_callbacks(conn, job_ids: list[str]) -> tuple[list[int], list[int]]:
+    """Failure Results and on_failure calls per job (tests.jobs.on_failure_record)."""
+    results = [len(Job.fetch(job_id, connection=conn).results()) for job_id in job_ids]
+    calls = [conn.llen(f'test:on_failure:{job_id}') for job_id in job_ids]
+    return results, calls
+
+
+@pytest.mark.parametrize('written', ['finishing set', 'job hash'])
+def test_a_write_during_the_batch_transaction_records_each_dead_letter_once(conn, written: str) -> None:
+    """Another sweeper's claim (the finishing set) leaves the batch's transaction alone; a write
+    to one of its jobs makes it fall back to one transaction per job; either way, once each."""
+    queue = Queue('moved', connection=conn)
+    job_ids = [
+        start_job(conn, queue, max_stalled=1, on_failure=Callback('tests.jobs.on_failure_record'))[0].id
+        for _ in range(5)
+    ]
+    other = redis.Redis(connection_pool=conn.connection_pool)
+    unrelated = 'elsewhere|not-a-job'
+    writes: list[int] = []
+    fallbacks: list[str] = []
+
+    class SweeperWithAConcurrentWrite(Sweeper):
+        @staticmethod
+        def _queue_failure(pipeline, job, reason) -> None:  # noqa: ANN001 - the base's signature
+            if not writes:  # the first job of the batch, inside the watched transaction
+                if written == 'finishing set':
+                    writes.append(other.zadd(keys.finishing_key(), {unrelated: 4_000_000_000}))
+                else:
+                    writes.append(other.hset(job.key, 'touched', '1'))
+            Sweeper._queue_failure(pipeline, job, reason)
+
+        def _record_failure(self, job, member, reason) -> bool:  # noqa: ANN001 - the base's signature
+            fallbacks.append(job.id)
+            return super()._record_failure(job, member, reason)
+
+    report = SweeperWithAConcurrentWrite(conn, restart_grace=0).sweep(['moved'])
+    assert writes == [1]
+    assert len(fallbacks) == (0 if written == 'finishing set' else 5)
+    assert sorted(report.finished) == sorted(job_ids)
+    assert results_and_callbacks(conn, job_ids) == ([1] * 5, [1] * 5)
+    assert all(Job.fetch(j, connection=conn).get_status() == JobStatus.FAILED for j in job_ids)
+    left = [unrelated.encode()] if written == 'finishing set' else []
+    assert conn.zrange(keys.finishing_key(), 0, -1) == left
+
+
+#: One sweeper process for the test below: sweeps a queue, prints the jobs it finished.
+SWEEPER = """
+import json, sys
+import redis
+from rq_epoch import Sweeper
+report = Sweeper(redis.Redis.from_url(sys.argv[1]), restart_grace=0, batch_size=20).sweep([sys.argv[2]])
+print(json.dumps(report.finished))
+"""
+
+
+def test_concurrent_sweepers_finish_each_dead_letter_once(conn, server) -> None:
+    queue = Queue('crowd', connection=conn)
+    job_ids = [
+        start_job(conn, queue, max_stalled=1, on_failure=Callback('tests.jobs.on_failure_record'))[0].id
+        for _ in range(300)
+    ]
+    dependents = [
+        queue.enqueue('tests.jobs.add', 1, 1, depends_on=Dependency(jobs=[parent], allow_failure=True)).id
+        for parent in job_ids[::10]
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, '-c', SWEEPER, server.url, 'crowd'], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4
+    finished = [job_id for out in outputs for job_id in json.loads(out.strip().splitlines()[-1])]
+    assert sorted(finished) == sorted(job_ids)
+    assert results_and_callbacks(conn, job_ids) == ([1] * 300, [1] * 300)
+    assert conn.zcard(keys.finishing_key()) == 0
+    # RQ 3 parks dependents in its ReadyJobRegistry first; concurrent pushes onto one queue
+    # leave some there for the registry's cleanup (a worker's maintenance), as with stock workers.
+    for registry_class in compat.MAINTAINED_REGISTRIES:
+        if registry_class.__name__ == 'ReadyJobRegistry':
+            registry_class('crowd', connection=conn).cleanup()
+    assert sorted(queue.get_job_ids()) == sorted(dependents)
