@@ -41,6 +41,17 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def comma_sizes(text: str) -> tuple[int, ...]:
+    """``--sizes 10000,100000``: positive whole numbers, comma-separated."""
+    try:
+        values = tuple(int(x) for x in text.split(','))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected comma-separated whole numbers, got {text!r}') from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f'sizes must be at least 1, got {text!r}')
+    return values
+
+
 def quiet_logging() -> None:
     """Give RQ's and rq-epoch's per-job log records a handler that drops them.
 

@@ -45,7 +45,7 @@ import redis
 
 from rq_epoch import Sweeper, keys, scripts
 
-from .common import parser, quiet_logging, ratio, server, server_version, table, write_results
+from .common import comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
 from .scenarios import CASES, FLOOR, FLOOR_SCRIPT, QUEUE, prepare
 
 NAME = 'sweep_anatomy'
@@ -293,12 +293,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument(
-        '--sizes',
-        type=lambda s: tuple(int(x) for x in s.split(',')),
-        default=None,
-        help='comma-separated sizes (default 10000; quick 200)',
-    )
+    p.add_argument('--sizes', type=comma_sizes, default=None, help='comma-separated sizes (default 10000; quick 200)')
     p.add_argument(
         '--repeat',
         type=int,

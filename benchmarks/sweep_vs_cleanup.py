@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import STOCK, parser, quiet_logging, ratio, server, server_version, table, write_results
+from .common import STOCK, comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
 from .scenarios import (
     BASELINE,
     CASES,
@@ -183,12 +183,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument(
-        '--sizes',
-        type=lambda s: tuple(int(x) for x in s.split(',')),
-        default=None,
-        help='comma-separated sizes (default 1000,10000,100000; quick 200)',
-    )
+    p.add_argument('--sizes', type=comma_sizes, help='comma-separated sizes (default 1000,10000,100000; quick 200)')
     p.add_argument(
         '--cases', default=','.join((*REQUEUE_CASES, FLOOR, *DEAD_CASES, DEAD_FLOOR)), help='comma-separated cases'
     )
