@@ -23,7 +23,8 @@ script alone          the client's reading of the reply (the script called in a 
 floor                 :data:`benchmarks.scenarios.FLOOR_SCRIPT`
 ====================  ==========================================================================
 
-Each variant runs ``--repeat`` times, interleaved with the others, and the median is kept.
+Each variant runs ``--repeat`` times, interleaved with the others in a new random order each
+round (``--seed``), and the median is kept.
 Server time is the script's own (``INFO commandstats``); wall time includes the round trip.
 The variants only exist here: each removes something the product needs (the docs say
 what), so the table shows what each duty costs, not a faster sweep.
@@ -35,6 +36,7 @@ what), so the table shows what each duty costs, not a faster sweep.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -226,7 +228,7 @@ def measure(conn: redis.Redis, label: str, n: int) -> dict[str, Any]:
     }
 
 
-def run(kind: str, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
+def run(kind: str, sizes: tuple[int, ...], repeat: int, seed: int = 0) -> dict[str, Any]:
     labels = ['sweep', *(label for label, _ in variants()), 'floor']
     rows: list[dict[str, Any]] = []
     with server(kind) as srv:
@@ -234,8 +236,10 @@ def run(kind: str, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
         version = server_version(conn)
         for n in sizes:
             samples: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
+            order = random.Random(seed)
             for _ in range(repeat):
-                for label in labels:
+                # A new order each round, so that no step always follows the same one.
+                for label in order.sample(labels, len(labels)):
                     samples[label].append(measure(conn, label, n))
             floor_wall = statistics.median(s['wall_us_per_lease'] for s in samples['floor'])
             floor_server = statistics.median(s['server_us_per_lease'] for s in samples['floor'])
@@ -259,7 +263,7 @@ def run(kind: str, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
                 }
                 rows.append(row)
                 previous = row
-    return {'server': version, 'repeat': repeat, 'rows': rows}
+    return {'server': version, 'repeat': repeat, 'seed': seed, 'rows': rows}
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -300,11 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help='runs of each step, interleaved; the median is kept (default 3; quick 1)',
     )
+    p.add_argument('--seed', type=int, default=0, help='seed of the order of the steps in each round (default 0)')
     args = p.parse_args(argv)
     quiet_logging()
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     repeat = args.repeat or (1 if args.quick else 3)
-    result = run(args.server, sizes, repeat)
+    result = run(args.server, sizes, repeat, args.seed)
     print(render(result['rows']))
     write_results(NAME, {'quick': args.quick, **result}, args.out)
     return 0 if all(r['ok'] for r in result['rows']) else 1
