@@ -245,13 +245,7 @@ class Sweeper(DeadLetters):
         0.2.0 leases it left in place)."""
         result = scripts.sweep()(
             client if client is not None else self.connection,
-            [
-                keys.leases_key(name),
-                keys.wip_key(name),
-                keys.finishing_key(),
-                keys.stats_key(name),
-                keys.legacy_leases_key(name),
-            ],
+            _verb_keys(name, keys.finishing_key()),
             [
                 keys.PREFIX,
                 name,
@@ -272,13 +266,7 @@ class Sweeper(DeadLetters):
         """One call of the rescue script: jobs stranded in RQ's intermediate list for a lease length."""
         result = scripts.rescue()(
             client if client is not None else self.connection,
-            [
-                keys.leases_key(name),
-                keys.wip_key(name),
-                keys.limbo_key(name),
-                keys.stats_key(name),
-                keys.legacy_leases_key(name),
-            ],
+            _verb_keys(name, keys.limbo_key(name)),
             [
                 keys.PREFIX,
                 name,
@@ -365,3 +353,9 @@ class Sweeper(DeadLetters):
 
 
 _LOG_VERDICT_LINE = Sweeper.log_verdict.__code__.co_firstlineno
+
+
+def _verb_keys(name: str, third: str) -> list[str]:
+    """KEYS of the sweep and rescue scripts for queue ``name``: they differ only in the third
+    (the finishing set for the sweep, the limbo record for the rescue)."""
+    return [keys.leases_key(name), keys.wip_key(name), third, keys.stats_key(name), keys.legacy_leases_key(name)]
