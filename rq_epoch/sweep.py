@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
 
 import redis
 from redis.exceptions import ResponseError
@@ -45,6 +46,7 @@ logger = logging.getLogger('rq_epoch')
 
 #: The line reported by the records of :meth:`Sweeper.log_verdict`.
 _LOG_VERDICT_LINE = 0
+_LOG_VERDICT_MSG = 'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s'
 
 
 class Sweeper(DeadLetters):
@@ -105,6 +107,8 @@ class Sweeper(DeadLetters):
         #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
         self.rescue_intermediate = rescue_intermediate
         self.exception_handlers = list(exception_handlers or [])
+        #: Per log level, the record the log lines of the current script call's verdicts copy.
+        self._log_templates: dict[int, logging.LogRecord] = {}
         if death_penalty_class is not None:
             self.death_penalty_class = death_penalty_class
 
@@ -194,6 +198,7 @@ class Sweeper(DeadLetters):
         if progress is not None and verdicts:
             progress(len(verdicts))
         if not dry_run:
+            self._log_templates.clear()
             log = self.log_verdict
             logging_every = type(self).log_verdict is not Sweeper.log_verdict
             for verdict in verdicts:
@@ -221,9 +226,9 @@ class Sweeper(DeadLetters):
         the writes within :attr:`confirm_timeout`. Without replicas there is nothing to wait for.
         """
         primary = self._last_primary
-        if primary is None or not any(v.counted for v in verdicts):
+        if primary is None or (primary.replicas_expected == 0 and primary.replicas_online == 0):
             return True
-        if primary.replicas_expected == 0 and primary.replicas_online == 0:
+        if not any(v.counted for v in verdicts):
             return True
         try:
             acked = int(client.execute_command('WAIT', 1, int(self.confirm_timeout * 1000)))
@@ -296,55 +301,38 @@ class Sweeper(DeadLetters):
             replicas_expected=int(expected),
             first_seen=float(first),
         )
-        verdicts = []
-        for raw in result[13 : 13 + int(result[12])]:
-            verdict, stalled, max_stalled, length, rest = raw.split(b' ', 4)
-            size = int(length)
-            member = rest[:size].decode('utf-8', 'replace')
-            job_id, colon, execution_id = member.partition(':')
-            if colon and not (job_id and execution_id and ':' not in execution_id):
-                job_id = ''
-            verdicts.append(
-                LeaseVerdict(
-                    queue=name,
-                    member=member,
-                    job_id=job_id,
-                    verdict=Verdict(verdict.decode()),
-                    stalled=int(stalled),
-                    max_stalled=int(max_stalled),
-                    lease_epoch=rest[size:].decode('utf-8', 'replace'),
-                    run_id=run_id,
-                )
-            )
-        return verdicts
+        if not int(result[12]):
+            return []
+        return [_lease_verdict(name, run_id, line) for line in result[13].split(b'\n')]
 
     def log_verdict(self, verdict: LeaseVerdict) -> None:
         """Log one line per verdict on the ``rq_epoch`` logger.
 
         The record is made directly (no search of the stack for the caller, which would
-        cost more than the rest of the record): a sweep may log tens of thousands.
+        cost more than the rest of the record), and the records of one script call's
+        verdicts are copies of one made by the logger (same time, same process and thread,
+        their own arguments): a sweep may log tens of thousands.
         """
         level = verdict.verdict.level
         if not logger.isEnabledFor(level):
             return
-        record = logger.makeRecord(
-            logger.name,
-            level,
-            __file__,
-            _LOG_VERDICT_LINE,
-            'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s',
-            (
-                verdict.job_id or '-',
-                verdict.queue,
-                verdict.verdict,
-                verdict.stalled,
-                verdict.max_stalled,
-                verdict.lease_epoch or '(none)',
-                verdict.run_id,
-            ),
-            None,
-            func='log_verdict',
+        args = (
+            verdict.job_id or '-',
+            verdict.queue,
+            verdict.verdict,
+            verdict.stalled,
+            verdict.max_stalled,
+            verdict.lease_epoch or '(none)',
+            verdict.run_id,
         )
+        template = self._log_templates.get(level)
+        if template is None:
+            template = self._log_templates[level] = logger.makeRecord(
+                logger.name, level, __file__, _LOG_VERDICT_LINE, _LOG_VERDICT_MSG, args, None, func='log_verdict'
+            )
+        record = type(template).__new__(type(template))
+        record.__dict__.update(template.__dict__)
+        record.args = args
         logger.handle(record)
 
     def before_finish(self, verdicts: list[LeaseVerdict]) -> None:
@@ -359,3 +347,26 @@ def _verb_keys(name: str, third: str) -> list[str]:
     """KEYS of the sweep and rescue scripts for queue ``name``: they differ only in the third
     (the finishing set for the sweep, the limbo record for the rescue)."""
     return [keys.leases_key(name), keys.wip_key(name), third, keys.stats_key(name), keys.legacy_leases_key(name)]
+
+
+#: Verdicts by their name as the scripts write it.
+_VERDICTS = {verdict.value.encode(): verdict for verdict in Verdict}
+
+
+def _field(raw: bytes) -> str:
+    """A member or lease epoch of a record: percent-encoded by the script when it held whitespace or '%'."""
+    if b'%' in raw:
+        raw = unquote_to_bytes(raw)
+    return raw.decode('utf-8', 'replace')
+
+
+def _lease_verdict(queue: str, run_id: str, line: bytes) -> LeaseVerdict:
+    """One record line of a sweep verb's reply: ``<verdict> <stalled> <max_stalled> <member> <lease_epoch>``."""
+    verdict, stalled, max_stalled, raw_member, lease_epoch = line.split(b' ')
+    member = _field(raw_member)
+    job_id, colon, execution_id = member.partition(':')
+    if colon and not (job_id and execution_id and ':' not in execution_id):
+        job_id = ''
+    return LeaseVerdict._read(
+        queue, member, job_id, _VERDICTS[verdict], int(stalled), int(max_stalled), _field(lease_epoch), run_id
+    )

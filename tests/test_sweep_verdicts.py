@@ -89,6 +89,24 @@ def test_malformed_member_is_corrupt(conn) -> None:
     assert snapshot(conn, exclude=('rq:epoch:lease', 'rq:epoch:stats')) == before
 
 
+def test_members_and_stamps_with_spaces_newlines_or_percent_signs_reach_the_report_unchanged(conn) -> None:
+    """The script writes its records as lines of space-separated fields; a foreign entry's
+    member, or a stamp, holding whitespace or '%' must come back as it was written."""
+    seconds, _ = conn.time()
+    odd = ['a b', 'line\nbreak:x', '100%', 'tab\there\r', ' ']
+    conn.zadd(keys.leases_key('default'), {member: seconds - 5 for member in odd})
+    queue = Queue('default', connection=conn)
+    job, _ = start_job(conn, queue)
+    conn.hset(job.key, 'lease_epoch', 'run id with %20 and\nnewline')
+    conn.hset(job.key, 'status', 'finished')
+    report = sweep(conn)
+    # With a colon the member is malformed; without, it names a job that does not exist.
+    expected = [(member, 'corrupt' if ':' in member else 'ghost') for member in odd]
+    assert sorted((v.member, v.verdict) for v in report.verdicts) == sorted([*expected, (job.id, 'settled')])
+    settled = [v for v in report.verdicts if v.verdict == 'settled']
+    assert settled[0].lease_epoch == 'run id with %20 and\nnewline'
+
+
 def test_finished_job_is_settled_and_keeps_its_result(conn) -> None:
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue)

@@ -3,16 +3,18 @@
 -- `-- @include _sweep.lua`, after `-- @include _epoch.lua`.
 --
 -- record(member, verdict, stalled, max_stalled, lease_epoch, dry)
---   Adds one verdict to the reply as a single string
---   "<verdict> <stalled> <max_stalled> <byte length of member> <member><lease_epoch>"
---   (one reply element per lease: the client parses one string instead of seven), and
---   counts it for the per-queue counters unless it is a dry run or a deferral.
+--   Adds one verdict to the reply as one line "<verdict> <stalled> <max_stalled> <member>
+--   <lease_epoch>" (see reply below), and counts it for the per-queue counters unless it is
+--   a dry run or a deferral. A member or lease_epoch holding whitespace or '%' (no job id
+--   or run_id does; a foreign entry may) is written percent-encoded, so the fields split
+--   cleanly on single spaces and the lines on newlines.
 -- count_verdicts(stats_key)
 --   Adds the verdicts of this call to the per-queue counters, one HINCRBY per verdict.
 -- reply(run_id, uptime, now, primary, more, left_leases, left_stock, left_legacy)
 --   The reply every sweep verb returns: {run_id, uptime, now, role, primary_age,
 --   replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
---   left_stock, left_legacy, n, <n records>}.
+--   left_stock, left_legacy, n, records}: the n records are one string, one line each
+--   (one reply element per call: the client splits one string instead of reading n).
 -- requeue(prefix, job_key, job_id, queue, intermediate, ...)
 --   Status queued, pushed at the front of <prefix>:queue:<queue>, the queue registered in
 --   <prefix>:queues; with `intermediate` true, its entry in <prefix>:queue:<queue>:intermediate
@@ -23,9 +25,15 @@ local records = {}
 local tally = {}
 local registered = {}
 
+-- A field of a record as written: percent-encoded when it holds whitespace or '%'.
+local function field(s)
+  if not string.find(s, '[%s%%]') then return s end
+  return (string.gsub(s, '[%s%%]', function(c) return string.format('%%%02X', string.byte(c)) end))
+end
+
 local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
-  records[#records + 1] = string.format('%s %d %d %d %s%s', verdict, stalled or 0, max_stalled or 0, #member,
-                                        member, lease_epoch or '')
+  records[#records + 1] = verdict .. ' ' .. (stalled or 0) .. ' ' .. (max_stalled or 0) .. ' ' .. field(member) .. ' '
+                          .. field(lease_epoch or '')
   if not dry and verdict ~= 'deferred' then tally[verdict] = (tally[verdict] or 0) + 1 end
 end
 
@@ -42,8 +50,8 @@ end
 
 local function reply(run_id, uptime, now, primary, more, left_leases, left_stock, left_legacy)
   local head = {run_id, tostring(uptime), tostring(now), primary.role, tostring(primary.age), primary.online,
-                primary.expected, tostring(primary.first), more, left_leases, left_stock, left_legacy, #records}
-  for i = 1, #records do head[#head + 1] = records[i] end
+                primary.expected, tostring(primary.first), more, left_leases, left_stock, left_legacy, #records,
+                table.concat(records, '\n')}
   return head
 end
 
