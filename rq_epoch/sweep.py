@@ -339,7 +339,6 @@ class Sweeper(DeadLetters):
         """Called after a sweep call gave dead verdicts, before their side effects run."""
 
 
-
 _LOG_VERDICT_LINE = Sweeper.log_verdict.__code__.co_firstlineno
 
 
@@ -354,19 +353,18 @@ _VERDICTS = {verdict.value.encode(): verdict for verdict in Verdict}
 
 
 def _field(raw: bytes) -> str:
-    """A member or lease epoch of a record: percent-encoded by the script when it held whitespace or '%'."""
-    if b'%' in raw:
-        raw = unquote_to_bytes(raw)
-    return raw.decode('utf-8', 'replace')
+    """A member or lease epoch of a record that the script percent-encoded (it held a space, a newline or '%')."""
+    return unquote_to_bytes(raw).decode('utf-8', 'replace')
 
 
 def _lease_verdict(queue: str, run_id: str, line: bytes) -> LeaseVerdict:
     """One record line of a sweep verb's reply: ``<verdict> <stalled> <max_stalled> <member> <lease_epoch>``."""
-    verdict, stalled, max_stalled, raw_member, lease_epoch = line.split(b' ')
-    member = _field(raw_member)
+    verdict, stalled, max_stalled, raw_member, raw_epoch = line.split(b' ')
+    member = _field(raw_member) if b'%' in raw_member else raw_member.decode('utf-8', 'replace')
+    lease_epoch = _field(raw_epoch) if b'%' in raw_epoch else raw_epoch.decode('utf-8', 'replace')
     job_id, colon, execution_id = member.partition(':')
     if colon and not (job_id and execution_id and ':' not in execution_id):
         job_id = ''
     return LeaseVerdict._read(
-        queue, member, job_id, _VERDICTS[verdict], int(stalled), int(max_stalled), _field(lease_epoch), run_id
+        queue, member, job_id, _VERDICTS[verdict], int(stalled), int(max_stalled), lease_epoch, run_id
     )

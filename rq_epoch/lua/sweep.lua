@@ -142,8 +142,8 @@ local function drop(kind, member, job_id, exec_id)
   forget(job_id, exec_id)
 end
 
-local function bury(job_key, job_id, failure_ttl, stalled, epochs, taken_field)
-  local ttl = tonumber(failure_ttl)
+local function bury(job_key, job_id, stalled, epochs, taken_field)
+  local ttl = tonumber(redis.call('HGET', job_key, 'failure_ttl'))
   if ttl == nil or ttl <= 0 then ttl = default_failure_ttl end
   redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1', 'stalled', stalled, 'stall_epochs', epochs,
              taken_field, 'dead')
@@ -165,7 +165,7 @@ local function judge(kind, member)
   local job_key = prefix .. ':job:' .. job_id
   -- One read for the common case; the key's type is only asked when the read fails.
   local f = redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
-                        'exempt_recoveries', 'stall_epochs', 'failure_ttl')
+                        'exempt_recoveries', 'stall_epochs')
   if f.err then
     if not dry then
       drop_entry(kind, member, true)
@@ -223,7 +223,7 @@ local function judge(kind, member)
   if not counted then
     if not dry then
       drop(kind, member, job_id, exec_id)
-      requeue(prefix, job_key, job_id, queue, never_started, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
+      requeue(prefix, queue_key, job_key, job_id, never_started, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
     end
     return record(member, 'exempt', stalled, max_stalled, epoch, dry)
   end
@@ -234,13 +234,13 @@ local function judge(kind, member)
   if stalled < max_stalled then
     if not dry then
       drop(kind, member, job_id, exec_id)
-      requeue(prefix, job_key, job_id, queue, false, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
+      requeue(prefix, queue_key, job_key, job_id, false, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
     end
     return record(member, 'recovered', stalled, max_stalled, epoch, dry)
   end
   if not dry then
     drop(kind, member, job_id, exec_id)
-    bury(job_key, job_id, f[8], stalled, epochs, taken_field)
+    bury(job_key, job_id, stalled, epochs, taken_field)
   end
   return record(member, 'dead', stalled, max_stalled, epoch, dry)
 end
