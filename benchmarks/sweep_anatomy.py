@@ -71,8 +71,8 @@ STEPS: tuple[Step, ...] = (
         '- reply records',
         (
             (
-                "records[#records + 1] = string.format('%s %d %d %d %s%s', verdict, stalled or 0, max_stalled or 0, "
-                "#member,\n                                        member, lease_epoch or '')",
+                "records[#records + 1] = verdict .. ' ' .. (stalled or 0) .. ' ' .. (max_stalled or 0) .. ' ' .. "
+                "field(member) .. ' '\n                          .. field(lease_epoch or '')",
                 '',
             ),
         ),
@@ -81,9 +81,9 @@ STEPS: tuple[Step, ...] = (
         '- taken record',
         (
             (
-                "requeue(prefix, job_key, job_id, queue, never_started, 'exempt_recoveries', "
+                "requeue(prefix, queue_key, job_key, job_id, never_started, 'exempt_recoveries', "
                 "(tonumber(f[6]) or 0) + 1, taken_field, 'exempt')",
-                'requeue(prefix, job_key, job_id, queue, never_started)',
+                'requeue(prefix, queue_key, job_key, job_id, never_started)',
             ),
             (
                 "redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)",
@@ -96,7 +96,7 @@ STEPS: tuple[Step, ...] = (
         (
             (
                 "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',\n"
-                "                        'exempt_recoveries', 'stall_epochs', 'failure_ttl')",
+                "                        'exempt_recoveries', 'stall_epochs')",
                 # the job's lease names its execution: lease_execution stays, at the same index
                 "(function(r) return {r[1], r[2], false, false, r[3]} end)("
                 "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution'))",
