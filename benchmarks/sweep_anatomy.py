@@ -29,8 +29,18 @@ Server time is the script's own (``INFO commandstats``); wall time includes the 
 The variants only exist here: each removes something the product needs (the docs say
 what), so the table shows what each duty costs, not a faster sweep.
 
+With ``--interleave`` the variants share one set of expired leases instead: each round calls
+every script variant once (one batch each, in a new random order), until the leases run out,
+and the server time of every call is read from ``SLOWLOG``; the median call is kept (one call
+the machine paused for would move a mean). Every variant then meets the same
+data, the same memory and the same neighbours on the machine, so the ratios hold still from run
+to run where separate runs of a few hundred milliseconds each move by ±20 %; the client's
+reading of the reply (the ``sweep`` step) is not part of it. With two sizes, ``growth`` is each
+variant's cost per lease at the larger size over its cost at the smaller.
+
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
+    python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -46,6 +56,7 @@ from typing import Any
 import redis
 
 from rq_epoch import Sweeper, keys, scripts
+from rq_epoch.settings import EpochSettings
 
 from .common import comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
 from .scenarios import CASES, FLOOR, FLOOR_SCRIPT, QUEUE, prepare
@@ -53,8 +64,12 @@ from .scenarios import CASES, FLOOR, FLOOR_SCRIPT, QUEUE, prepare
 NAME = 'sweep_anatomy'
 FULL_SIZES = (10_000,)
 QUICK_SIZES = (200,)
+#: The quick size with --interleave: every variant gets a few full batches.
+QUICK_INTERLEAVED_SIZES = (1_000,)
 #: Bound on the calls of one variant (each call judges up to a batch).
 MAX_CALLS = 1_000_000
+#: With --interleave, the SLOWLOG keeps commands slower than this (µs): the script calls.
+SLOWLOG_THRESHOLD_US = 50
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,7 @@ STEPS: tuple[Step, ...] = (
                 "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',\n"
                 "                        'exempt_recoveries', 'stall_epochs')",
                 # the job's lease names its execution: lease_execution stays, at the same index
-                "(function(r) return {r[1], r[2], false, false, r[3]} end)("
+                '(function(r) return {r[1], r[2], false, false, r[3]} end)('
                 "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution'))",
             ),
         ),
@@ -266,6 +281,132 @@ def run(kind: str, sizes: tuple[int, ...], repeat: int, seed: int = 0) -> dict[s
     return {'server': version, 'repeat': repeat, 'seed': seed, 'rows': rows}
 
 
+def _interleaved(conn: redis.Redis, n: int, seed: int) -> list[dict[str, Any]]:
+    """One set of ``n`` expired leases, every variant called in turn, a batch per call, until they run out."""
+    batch = Sweeper(conn).settings.batch_size
+    prepare(conn, CASES[FLOOR], n)
+    calls: dict[str, Callable[[], Any]] = {}
+    sha_label: dict[str, str] = {}
+    for label, source in [*variants(), ('floor', FLOOR_SCRIPT)]:
+        loaded = conn.script_load(source)
+        sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        sha_label[sha] = label
+        calls[label] = _one_call(conn, sha, label == 'floor', batch)
+    labels = list(calls)
+    walls: dict[str, list[float]] = {label: [] for label in labels}
+    servers: dict[str, list[int]] = {label: [] for label in labels}
+    previous = conn.config_get('slowlog-*')
+    # The server logs the commands a script runs too: only calls slower than this are kept,
+    # which every call of a full batch is (hundreds of µs), and none of the single commands
+    # in it should be. Each variant must end with one entry per call (the `ok` column).
+    conn.config_set('slowlog-log-slower-than', SLOWLOG_THRESHOLD_US)
+    conn.config_set('slowlog-max-len', 1_024)
+    try:
+        conn.slowlog_reset()
+        order = random.Random(seed)
+        for _ in range(MAX_CALLS):
+            if int(conn.zcard(keys.leases_key(QUEUE))) < batch * len(labels):
+                break
+            for label in order.sample(labels, len(labels)):
+                start = time.perf_counter()
+                calls[label]()
+                walls[label].append(time.perf_counter() - start)
+            _read_slowlog(conn, sha_label, servers)
+    finally:
+        conn.config_set('slowlog-log-slower-than', previous['slowlog-log-slower-than'])
+        conn.config_set('slowlog-max-len', previous['slowlog-max-len'])
+    left = int(conn.zcard(keys.leases_key(QUEUE)))
+    ok = int(conn.llen(keys.queue_key(QUEUE))) == n - left
+    floor_server = statistics.median(servers['floor']) / batch
+    floor_wall = statistics.median(walls['floor']) / batch * 1e6
+    rows = []
+    for label in labels:
+        server_us = statistics.median(servers[label]) / batch
+        wall_us = statistics.median(walls[label]) / batch * 1e6
+        rows.append(
+            {
+                'n': n,
+                'step': label,
+                'calls': len(servers[label]),
+                'wall_us_per_lease': round(wall_us, 2),
+                'server_us_per_lease': round(server_us, 2),
+                'wall_vs_floor': ratio(wall_us, floor_wall),
+                'server_vs_floor': ratio(server_us, floor_server),
+                'ok': ok and len(servers[label]) == len(walls[label]),
+            }
+        )
+    return rows
+
+
+def _read_slowlog(conn: redis.Redis, sha_label: dict[str, str], servers: dict[str, list[int]]) -> None:
+    """Move the script calls of the server's SLOWLOG into ``servers`` (µs per call, by variant)."""
+    for entry in conn.slowlog_get(-1):
+        command = entry['command']
+        words = (command.decode() if isinstance(command, bytes) else command).split()
+        if len(words) > 1 and words[0].upper() == 'EVALSHA' and words[1] in sha_label:
+            servers[sha_label[words[1]]].append(int(entry['duration']))
+    conn.slowlog_reset()
+
+
+def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int) -> Callable[[], Any]:
+    if floor:
+        floor_keys = [keys.leases_key(QUEUE), keys.wip_key(QUEUE)]
+        return lambda: conn.evalsha(sha, len(floor_keys), *floor_keys, keys.PREFIX, QUEUE, batch)
+    sweep_keys = [
+        keys.leases_key(QUEUE),
+        keys.wip_key(QUEUE),
+        keys.finishing_key(),
+        keys.stats_key(QUEUE),
+        keys.legacy_leases_key(QUEUE),
+    ]
+    args = [keys.PREFIX, QUEUE, batch, 3, 0, 86400, '0', 0, 0, 0]
+    return lambda: conn.evalsha(sha, len(sweep_keys), *sweep_keys, *args)
+
+
+def least_interleaved() -> int:
+    """The fewest leases that give every variant two full batches with ``--interleave``."""
+    return 2 * EpochSettings.resolve().batch_size * (len(variants()) + 1)
+
+
+def run_interleaved(kind: str, sizes: tuple[int, ...], seed: int = 0) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    with server(kind) as srv:
+        conn = srv.client()
+        version = server_version(conn)
+        for n in sizes:
+            rows.extend(_interleaved(conn, n, seed))
+    first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
+    for r in rows:
+        r['growth'] = ratio(r['server_us_per_lease'], first[r['step']]) if r['n'] != sizes[0] else None
+    return {'server': version, 'interleave': True, 'seed': seed, 'rows': rows}
+
+
+def render_interleaved(rows: list[dict[str, Any]]) -> str:
+    headers = [
+        'N',
+        'step',
+        'calls',
+        'server µs/lease',
+        'server × floor',
+        'growth',
+        'wall µs/lease',
+        'wall × floor',
+        'ok',
+    ]
+    keys_ = [
+        'n',
+        'step',
+        'calls',
+        'server_us_per_lease',
+        'server_vs_floor',
+        'growth',
+        'wall_us_per_lease',
+        'wall_vs_floor',
+        'ok',
+    ]
+    return table(headers, [[r[k] for k in keys_] for r in rows])
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     headers = [
         'N',
@@ -305,8 +446,23 @@ def main(argv: list[str] | None = None) -> int:
         help='runs of each step, interleaved; the median is kept (default 3; quick 1)',
     )
     p.add_argument('--seed', type=int, default=0, help='seed of the order of the steps in each round (default 0)')
+    p.add_argument(
+        '--interleave',
+        action='store_true',
+        help='call the script variants in turn on one set of leases; server time per call from SLOWLOG',
+    )
     args = p.parse_args(argv)
     quiet_logging()
+    if args.interleave:
+        if args.repeat is not None:
+            p.error('--repeat does not apply to --interleave: every variant is called until the leases run out')
+        sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
+        if min(sizes) < least_interleaved():
+            p.error(f'--interleave needs at least {least_interleaved()} leases per size (two batches per variant)')
+        result = run_interleaved(args.server, sizes, args.seed)
+        print(render_interleaved(result['rows']))
+        write_results(NAME, {'quick': args.quick, **result}, args.out)
+        return 0 if all(r['ok'] for r in result['rows']) else 1
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     repeat = args.repeat or (1 if args.quick else 3)
     result = run(args.server, sizes, repeat, args.seed)

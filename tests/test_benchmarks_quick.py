@@ -74,6 +74,15 @@ def test_sweep_benchmark_runs_on_other_servers(kind: str, tmp_path: Path) -> Non
     assert all(row['ok'] for row in doc['rows'])
 
 
+def test_sweep_anatomy_interleaved_calls_every_variant_on_one_set_of_leases(tmp_path: Path) -> None:
+    doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave')
+    assert doc['interleave'] is True
+    steps = [row['step'] for row in doc['rows']]
+    assert steps[0] == 'script alone' and steps[-1] == 'floor'
+    assert all(row['ok'] and row['calls'] >= 2 for row in doc['rows'])
+    assert len({row['calls'] for row in doc['rows']}) == 1  # one call of each per round
+
+
 def test_report_renders_every_section(results_dir: Path) -> None:
     for module in BENCHMARKS:
         if not (results_dir / f'{module}.json').exists():  # this test was run alone
