@@ -78,9 +78,9 @@
 --
 -- Returns the reply of _sweep.lua: {run_id, uptime, now, role, primary_age,
 -- replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
--- left_stock, left_legacy, n, <n records>}; left_leases / left_stock / left_legacy are
--- how many entries this call read from KEYS[1] / KEYS[2] / KEYS[5] and left in place (the
--- caller adds them to its offsets). A record's member is the entry as it was read: the
+-- left_stock, left_legacy, n, records} (the n records in one string, a line each);
+-- left_leases / left_stock / left_legacy are how many entries this call read from KEYS[1] /
+-- KEYS[2] / KEYS[5] and left in place (the caller adds them to its offsets). A record's member is the entry as it was read: the
 -- job id for KEYS[1], "<job_id>:<execution_id>" for KEYS[2] and KEYS[5].
 
 -- @include _epoch.lua
