@@ -202,8 +202,12 @@ class SentinelTopology:
 
     # -- start and stop --------------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> SentinelTopology:
-        """Start everything; return once every sentinel knows the replica and the other sentinels."""
+    def start(self, timeout: float = 60.0) -> SentinelTopology:
+        """Start everything; return once every sentinel knows the replica and the other sentinels.
+
+        A sentinel learns of a replica from the primary's INFO, which it asks for every 10 s:
+        on a loaded machine that can take more than one round, hence the bound.
+        """
         try:
             for server in self.servers:
                 server.start()
@@ -465,3 +469,13 @@ class SentinelTopology:
             text = path.read_text(errors='replace') if path.exists() else ''
             parts.append(f'--- server {server.port}\n{text}')
         return '\n'.join(parts)
+
+
+def close_sentinel(sentinel: Any) -> None:
+    """Close a redis-py ``Sentinel``'s connections (``Sentinel.close`` exists from redis-py 5.1 on)."""
+    close = getattr(sentinel, 'close', None)
+    if close is not None:
+        close()
+        return
+    for client in sentinel.sentinels:
+        client.close()

@@ -25,7 +25,7 @@ from rq.registry import FailedJobRegistry
 
 from rq_epoch import Job, Queue, Sweeper, keys
 from tests.conftest import ROOT, SERVER_KINDS, WorkerProcess, wait_for
-from tests.sentinel import MASTER_NAME, SentinelTopology, sentinel_available
+from tests.sentinel import MASTER_NAME, SentinelTopology, close_sentinel, sentinel_available
 
 pytestmark = pytest.mark.sentinel
 
@@ -94,7 +94,7 @@ class Fleet:
                     pass
                 finally:
                     client.close()
-                    sentinel.close()
+                    close_sentinel(sentinel)
                 self._stop.wait(every)
 
         self._sweeper = threading.Thread(target=run, daemon=True)
