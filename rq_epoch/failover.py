@@ -133,14 +133,21 @@ class _WatchedConnection:
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         watch = self._rq_epoch_watch
         blocking, self._rq_epoch_blocking = self._rq_epoch_blocking, False
+        sock: Any = None
         if (
             not blocking
             and watch.command_timeout is not None
             and 'timeout' not in kwargs
-            and watch.read_timeout_supported
             and os.getpid() in watch.bounded_pids
         ):
-            kwargs['timeout'] = watch.command_timeout
+            if watch.read_timeout_supported:
+                kwargs['timeout'] = watch.command_timeout
+            else:
+                # A redis-py without a per-read timeout reads with the socket's own timeout:
+                # bound this read on the socket itself, and give it back its own afterwards.
+                sock = getattr(self, '_sock', None)
+                if sock is not None:
+                    sock.settimeout(watch.command_timeout)
         try:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
@@ -160,6 +167,10 @@ class _WatchedConnection:
             # redis-py's Sentinel connection does not drop it by itself.
             self.disconnect()  # type: ignore[attr-defined]
             raise
+        finally:
+            current = getattr(self, '_sock', None)
+            if sock is not None and current is not None and current is sock:
+                current.settimeout(getattr(self, 'socket_timeout', None))
 
 
 class PrimaryWatch:
@@ -255,7 +266,7 @@ class PrimaryWatch:
         if cls is None:
             cls = type(f'Watched{base.__name__}', (_WatchedConnection, base), {'_rq_epoch_watch': self})
             self._classes[base] = cls
-            try:  # redis-py before 5.x has no per-read timeout
+            try:  # redis-py before 5.0.2 has no per-read timeout (read_response bounds the socket then)
                 parameters = inspect.signature(base.read_response).parameters  # type: ignore[attr-defined]
                 self.read_timeout_supported = 'timeout' in parameters
             except (TypeError, ValueError, AttributeError):
