@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos import Attempt, Config, JobAudit, check_invariants, explain, make_plan
+from benchmarks.chaos import Attempt, Config, JobAudit, check_invariants, explain, in_order_of_start, make_plan
 from tests.conftest import ROOT
 
 SMALL = [
@@ -130,6 +130,18 @@ def test_the_audit_attributes_reruns_and_flags_violations() -> None:
     assert [v.split(':')[0] for v in check_invariants([moved, counted], lenient)] == ['h5']
     strict = replace(lenient, min_replicas=1)
     assert sorted(v.split(':')[0] for v in check_invariants([moved, counted], strict)) == ['h4', 'h5', 'h5']
+
+
+def test_a_horse_frozen_before_its_job_function_ran_counts_from_the_freeze() -> None:
+    """Its ledger line comes after the thaw, possibly after another execution of the job: the
+    audit orders it by the freeze, and the freeze explains the stall the sweep counted."""
+    events = [{'kind': 'freeze', 't': 51.0, 'pid': 14, 'horses': [90]}, {'kind': 'thaw', 't': 59.0, 'pid': 14}]
+    other = Attempt(1, 11, 10, 54.0, 54.2)  # took over after the counted stall, finished
+    zombie = Attempt(2, 90, 14, 58.9)  # forked at 50.5, frozen at 51, its job function logged at 58.9
+    ordered = in_order_of_start([other, zombie], events)
+    assert ordered == [zombie, other]
+    assert explain(zombie, other.start, False, events) == 'freeze'
+    assert in_order_of_start([other, replace(zombie, pid=91)], events)[0] is other  # another horse frozen: no change
 
 
 @pytest.mark.slow

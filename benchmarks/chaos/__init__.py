@@ -41,9 +41,20 @@ the command line) and :mod:`.sweeper` (the cron-like sweeper process).
 
 from __future__ import annotations
 
-from .audit import check_invariants, explain
+from .audit import check_invariants, explain, in_order_of_start
 from .cli import main, run
 from .plan import Config, make_plan
 from .results import Attempt, JobAudit, SideResult
 
-__all__ = ['Attempt', 'Config', 'JobAudit', 'SideResult', 'check_invariants', 'explain', 'main', 'make_plan', 'run']
+__all__ = [
+    'Attempt',
+    'Config',
+    'JobAudit',
+    'SideResult',
+    'check_invariants',
+    'explain',
+    'in_order_of_start',
+    'main',
+    'make_plan',
+    'run',
+]

@@ -46,6 +46,22 @@ def read_ledger(path: Path) -> tuple[dict[str, list[Attempt]], Counter[str], dic
     return ordered, callbacks, lines
 
 
+def in_order_of_start(attempts: list[Attempt], events: list[dict[str, Any]]) -> list[Attempt]:
+    """A job's executions in the order they began, which is not always the order of their ledger lines.
+
+    The ledger's start line is written by the job function. A work-horse frozen after its fork
+    and before the job function ran (its worker had already started the job, and held its
+    lease) writes that line only after it is thawed, possibly after another execution of the
+    same job: such an execution began no later than the freeze that named its horse.
+    """
+
+    def began(attempt: Attempt) -> float:
+        frozen = [e['t'] for e in events if e['kind'] == 'freeze' and attempt.pid in e.get('horses', [])]
+        return min([attempt.start, *frozen])
+
+    return sorted(attempts, key=began)
+
+
 def explain(attempt: Attempt, following: float | None, pill: bool, events: list[dict[str, Any]]) -> str:
     """Why an execution was followed by another one: the fault that hit it, if any.
 
@@ -203,7 +219,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
             state = 'lost'
         retries_left = raw.get('retries_left', '')
         spent = cfg.retry_budget - int(retries_left) if retries_left.lstrip('-').isdigit() and cfg.retry_budget else 0
-        job_attempts = attempts.get(spec.id, [])
+        job_attempts = in_order_of_start(attempts.get(spec.id, []), events)
         for i, attempt in enumerate(job_attempts[:-1]):
             attempt.reason = explain(attempt, job_attempts[i + 1].start, spec.kind == 'pill', events)
         if job_attempts and state not in ('finished',):
