@@ -381,30 +381,23 @@ def run_interleaved(kind: str, sizes: tuple[int, ...], seed: int = 0) -> dict[st
     return {'server': version, 'interleave': True, 'seed': seed, 'rows': rows}
 
 
+#: The columns of the --interleave table: (heading, key of a row).
+INTERLEAVED_COLUMNS = (
+    ('N', 'n'),
+    ('step', 'step'),
+    ('calls', 'calls'),
+    ('server µs/lease', 'server_us_per_lease'),
+    ('server × floor', 'server_vs_floor'),
+    ('growth', 'growth'),
+    ('wall µs/lease', 'wall_us_per_lease'),
+    ('wall × floor', 'wall_vs_floor'),
+    ('ok', 'ok'),
+)
+
+
 def render_interleaved(rows: list[dict[str, Any]]) -> str:
-    headers = [
-        'N',
-        'step',
-        'calls',
-        'server µs/lease',
-        'server × floor',
-        'growth',
-        'wall µs/lease',
-        'wall × floor',
-        'ok',
-    ]
-    keys_ = [
-        'n',
-        'step',
-        'calls',
-        'server_us_per_lease',
-        'server_vs_floor',
-        'growth',
-        'wall_us_per_lease',
-        'wall_vs_floor',
-        'ok',
-    ]
-    return table(headers, [[r[k] for k in keys_] for r in rows])
+    headers = [heading for heading, _ in INTERLEAVED_COLUMNS]
+    return table(headers, [[r[key] for _, key in INTERLEAVED_COLUMNS] for r in rows])
 
 
 def render(rows: list[dict[str, Any]]) -> str:
