@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ['EmbeddedServer', 'ServerNotAvailable', 'find_server_binary']
+__all__ = ['EmbeddedServer', 'PortTaken', 'ServerNotAvailable', 'find_server_binary', 'free_port']
 
 
 class ServerNotAvailable(RuntimeError):
@@ -56,6 +56,55 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class PortTaken(RuntimeError):
+    """Another process listens on the port a server was to start on."""
+
+
+def wait_until_answers(
+    process: subprocess.Popen[bytes], port: int, timeout: float, what: str, log: Path, log_start: int = 0
+) -> None:
+    """Wait until ``process`` itself answers PING on ``port`` (INFO's ``process_id`` is its PID).
+
+    Raises :class:`PortTaken` when another process answers there (``process`` cannot bind the
+    port and exits; it is stopped here if it has not yet), ``RuntimeError`` when ``process``
+    exits, ``TimeoutError`` after ``timeout`` seconds. ``log`` is the process's log file, read
+    from ``log_start`` on for the reason of an early exit.
+    """
+    deadline = time.monotonic() + timeout
+    client = redis.Redis(host='127.0.0.1', port=port, socket_connect_timeout=0.5, socket_timeout=1)
+    try:
+        while True:
+            if process.poll() is not None:
+                if _says_port_in_use(log, log_start):
+                    raise PortTaken(f'{what}: port {port} is in use by another process')
+                raise RuntimeError(f'{what} exited at start; see {log}')
+            try:
+                if client.ping():
+                    pid = int(client.info('server').get('process_id', -1))
+                    if pid == process.pid:
+                        return
+                    process.kill()
+                    process.wait(10)
+                    raise PortTaken(f'{what}: port {port} is in use by another process (PID {pid})')
+            except (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'{what} did not answer within {timeout}s')
+            time.sleep(0.02)
+    finally:
+        client.close()
+
+
+def _says_port_in_use(log: Path, start: int) -> bool:
+    try:
+        with log.open('rb') as f:
+            f.seek(start)
+            tail = f.read(65536).decode(errors='replace')
+    except OSError:
+        return False
+    return 'Address already in use' in tail
+
+
 class EmbeddedServer:
     """One server process on 127.0.0.1 with AOF persistence in ``data_dir``."""
 
@@ -73,10 +122,12 @@ class EmbeddedServer:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=f'rq-epoch-{kind}-'))
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._own_port = port is None
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.extra_config = dict(extra_config or {})
         self.process: subprocess.Popen[bytes] | None = None
+        self._started_before = False
 
     @property
     def url(self) -> str:
@@ -110,28 +161,32 @@ class EmbeddedServer:
         return argv
 
     def start(self, timeout: float = 15.0) -> EmbeddedServer:
-        """Start the process and wait until it answers PING (loading included)."""
+        """Start the process and wait until it answers PING (loading included).
+
+        The port is free when it is picked, not reserved: another process may bind it before
+        this one starts. A port this object picked is then replaced by a new one (at most
+        five times); a port given by the caller is an error (:class:`PortTaken`).
+        """
         if self.process is not None and self.process.poll() is None:
             return self
+        for _ in range(5):
+            try:
+                return self._start_once(timeout)
+            except PortTaken:
+                if not self._own_port or self._started_before:
+                    raise
+                self.port = free_port()
+        raise PortTaken(f'{self.kind}-server found no free port in 5 tries')
+
+    def _start_once(self, timeout: float) -> EmbeddedServer:
+        log = self.data_dir / 'server.log'
+        log_start = log.stat().st_size if log.exists() else 0
         self.process = subprocess.Popen(
             self._argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + timeout
-        client = self.client(socket_connect_timeout=0.5, socket_timeout=1)
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f'{self.kind}-server exited at start; see {self.data_dir / "server.log"}')
-                try:
-                    if client.ping():
-                        return self
-                except (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f'{self.kind}-server did not answer within {timeout}s')
-                time.sleep(0.02)
-        finally:
-            client.close()
+        wait_until_answers(self.process, self.port, timeout, f'{self.kind}-server', log, log_start)
+        self._started_before = True
+        return self
 
     def stop(self, timeout: float = 15.0) -> None:
         """SHUTDOWN (data written to the AOF), and wait for the process to exit."""

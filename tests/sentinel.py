@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from rq_epoch.embedded import EmbeddedServer, find_server_binary, free_port
+from rq_epoch.embedded import EmbeddedServer, PortTaken, find_server_binary, free_port, wait_until_answers
 from rq_epoch.pids import send_signal
 
 __all__ = ['MASTER_NAME', 'SentinelProcess', 'SentinelTopology', 'sentinel_available']
@@ -59,24 +59,12 @@ class SentinelProcess:
         self.binary = binary
         self.data_dir = data_dir
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.primary_port = primary_port
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.port = 0
         self.conf = data_dir / 'sentinel.conf'
-        self.conf.write_text(
-            '\n'.join(
-                [
-                    f'port {self.port}',
-                    'bind 127.0.0.1',
-                    'daemonize no',
-                    f'dir {data_dir}',
-                    f'logfile {data_dir / "sentinel.log"}',
-                    f'sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} {quorum}',
-                    f'sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}',
-                    f'sentinel failover-timeout {MASTER_NAME} {failover_timeout_ms}',
-                    f'sentinel parallel-syncs {MASTER_NAME} 1',
-                    '',
-                ]
-            )
-        )
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,25 +75,44 @@ class SentinelProcess:
         """A client to this sentinel (it speaks the SENTINEL commands only)."""
         return redis.Redis(host='127.0.0.1', port=self.port, socket_timeout=2, socket_connect_timeout=2, **kwargs)
 
-    def start(self, timeout: float = 15.0) -> SentinelProcess:
-        self.process = subprocess.Popen(
-            [self.binary, str(self.conf), '--sentinel'],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+    def _write_conf(self) -> None:
+        self.conf.write_text(
+            '\n'.join(
+                [
+                    f'port {self.port}',
+                    'bind 127.0.0.1',
+                    'daemonize no',
+                    f'dir {self.data_dir}',
+                    f'logfile {self.data_dir / "sentinel.log"}',
+                    f'sentinel monitor {MASTER_NAME} 127.0.0.1 {self.primary_port} {self.quorum}',
+                    f'sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}',
+                    f'sentinel failover-timeout {MASTER_NAME} {self.failover_timeout_ms}',
+                    f'sentinel parallel-syncs {MASTER_NAME} 1',
+                    '',
+                ]
+            )
         )
-        client = self.client()
-        try:
 
-            def answers() -> bool:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f'sentinel exited at start; see {self.data_dir / "sentinel.log"}')
-                return bool(client.ping())
-
-            _poll(answers, timeout, f'sentinel on port {self.port}')
-        finally:
-            client.close()
-        return self
+    def start(self, timeout: float = 15.0) -> SentinelProcess:
+        """Start on a port picked now (a new one, at most five times, if another process takes it
+        first) watching :attr:`primary_port`; return once this process answers PING."""
+        log = self.data_dir / 'sentinel.log'
+        for _ in range(5):
+            self.port = free_port()
+            self._write_conf()
+            log_start = log.stat().st_size if log.exists() else 0
+            self.process = subprocess.Popen(
+                [self.binary, str(self.conf), '--sentinel'],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                wait_until_answers(self.process, self.port, timeout, 'sentinel', log, log_start)
+                return self
+            except PortTaken:
+                continue
+        raise PortTaken('sentinel found no free port in 5 tries')
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM by PID (SIGKILL if it does not exit in time)."""
@@ -209,9 +216,13 @@ class SentinelTopology:
         on a loaded machine that can take more than one round, hence the bound.
         """
         try:
-            for server in self.servers:
-                server.start()
+            self.primary.start()
+            for replica in self.replicas:
+                # The primary's port is known for sure once it runs (see EmbeddedServer.start).
+                replica.extra_config['replicaof'] = f'127.0.0.1 {self.primary.port}'
+                replica.start()
             for sentinel in self.sentinels:
+                sentinel.primary_port = self.primary.port
                 sentinel.start()
             self.wait_ready(timeout)
         except BaseException:
@@ -247,7 +258,31 @@ class SentinelTopology:
                         return False
             return True
 
-        _poll(known, timeout, 'every sentinel to know the replica and its peers', interval=0.1)
+        try:
+            _poll(known, timeout, 'every sentinel to know the replica and its peers', interval=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f'{exc} (primary on port {primary.port})\n{self.describe()}') from None
+
+    def describe(self, log_lines: int = 20) -> str:
+        """What every sentinel says about the primary and its replicas, and the end of its log."""
+        parts = []
+        for sentinel in self.sentinels:
+            alive = sentinel.process is not None and sentinel.process.poll() is None
+            head = f'--- sentinel PID {sentinel.pid} on port {sentinel.port} ({"running" if alive else "exited"})'
+            try:
+                with sentinel.client() as client:
+                    state = client.sentinel_master(MASTER_NAME)
+                    replicas = client.sentinel_slaves(MASTER_NAME)
+                view = (
+                    f"primary port {state.get('port')} flags {state.get('flags')}, "
+                    f"{state.get('num-other-sentinels')} other sentinels, replicas "
+                    + ', '.join(f"{r.get('port')} ({r.get('flags')})" for r in replicas)
+                )
+            except (redis.RedisError, OSError) as exc:
+                view = f'no answer: {exc!r}'
+            tail = '\n'.join(sentinel.log().splitlines()[-log_lines:])
+            parts.append(f'{head}: {view}\n{tail}')
+        return '\n'.join(parts)
 
     def ready(self) -> bool:
         """One look (no wait): a primary named by every sentinel, every other server its replica in
