@@ -107,6 +107,49 @@ end
 return #members
 """
 
+#: The same writes with those that name one key for many leases sent once per call (one
+#: ZREM of the leases, one of RQ's registry, one DEL of the execution records, one SREM per
+#: worker, one LPUSH), as the sweep sends them: the floor for a script that gathers its writes.
+FLOOR_GATHERED_SCRIPT = """
+local info = redis.call('INFO', 'server')
+local run_id = string.match(info, 'run_id:([0-9a-f]+)')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local prefix, queue = ARGV[1], ARGV[2]
+local queue_key = prefix .. ':queue:' .. queue
+local leases, entries, records, pushes, workers, worker_keys = {}, {}, {}, {}, {}, {}
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+for _, job_id in ipairs(members) do
+  local job_key = prefix .. ':job:' .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution')
+  if f[1] == 'started' and f[2] ~= run_id then
+    local exec_id = f[3]
+    local member = job_id .. ':' .. exec_id
+    leases[#leases + 1] = job_id
+    entries[#entries + 1] = member
+    local execution_key = prefix .. ':execution:' .. member
+    local worker = redis.call('HGET', execution_key, 'worker_name')
+    records[#records + 1] = execution_key
+    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+    if worker then
+      local key = prefix .. ':worker:' .. worker .. ':executions'
+      if not workers[key] then workers[key] = {}; worker_keys[#worker_keys + 1] = key end
+      table.insert(workers[key], member)
+    end
+    redis.call('HSET', job_key, 'status', 'queued')
+    pushes[#pushes + 1] = job_id
+  end
+end
+if #leases > 0 then
+  redis.call('ZREM', KEYS[1], unpack(leases))
+  redis.call('ZREM', KEYS[2], unpack(entries))
+  redis.call('DEL', unpack(records))
+  for _, key in ipairs(worker_keys) do redis.call('SREM', key, unpack(workers[key])) end
+  redis.call('LPUSH', queue_key, unpack(pushes))
+end
+return #members
+"""
+
 CASES: dict[str, Case] = {
     'stock-retry': Case('stock-retry', STOCK, requeue=True),
     'exempt': Case('exempt', EPOCH, requeue=True, stamp=OTHER_EPOCH),

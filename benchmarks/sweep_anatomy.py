@@ -36,11 +36,19 @@ the machine paused for would move a mean). Every variant then meets the same
 data, the same memory and the same neighbours on the machine, so the ratios hold still from run
 to run where separate runs of a few hundred milliseconds each move by ±20 %; the client's
 reading of the reply (the ``sweep`` step) is not part of it. With two sizes, ``growth`` is each
-variant's cost per lease at the larger size over its cost at the smaller.
+variant's cost per lease at the larger size over its cost at the smaller. The interleaved
+calls include a second floor, ``floor, gathered``: the same writes with those that name one
+key for many leases sent once per call, as the sweep sends them (one ZREM of the leases, one of
+RQ's registry, one DEL of the execution records, one SREM per worker, one LPUSH); the
+``× gathered floor`` column compares with it. Where growth with N comes from: ``--ballast``
+enqueues that many more jobs on another queue before the leases are swept (a larger data set
+that no variant reads), and ``--no-aof`` runs the server without its append-only file.
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000
+    python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --ballast 90000
+    python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000 --no-aof
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -59,7 +67,8 @@ from rq_epoch import Sweeper, keys, scripts
 from rq_epoch.settings import EpochSettings
 
 from .common import comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
-from .scenarios import CASES, FLOOR, FLOOR_SCRIPT, QUEUE, prepare
+from .fixture import enqueue_jobs
+from .scenarios import CASES, FLOOR, FLOOR_GATHERED_SCRIPT, FLOOR_SCRIPT, QUEUE, prepare
 
 NAME = 'sweep_anatomy'
 FULL_SIZES = (10_000,)
@@ -96,9 +105,9 @@ STEPS: tuple[Step, ...] = (
         '- taken record',
         (
             (
-                "requeue(prefix, queue_key, job_key, job_id, never_started, 'exempt_recoveries', "
+                "requeue(prefix, queue_key, job_key, job_id, never_started, true, 'exempt_recoveries', "
                 "(tonumber(f[6]) or 0) + 1, taken_field, 'exempt')",
-                'requeue(prefix, queue_key, job_key, job_id, never_started)',
+                'requeue(prefix, queue_key, job_key, job_id, never_started, true)',
             ),
             (
                 "redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)",
@@ -281,17 +290,28 @@ def run(kind: str, sizes: tuple[int, ...], repeat: int, seed: int = 0) -> dict[s
     return {'server': version, 'repeat': repeat, 'seed': seed, 'rows': rows}
 
 
-def _interleaved(conn: redis.Redis, n: int, seed: int) -> list[dict[str, Any]]:
-    """One set of ``n`` expired leases, every variant called in turn, a batch per call, until they run out."""
+#: The label of the floor that sends its writes the way the sweep does (FLOOR_GATHERED_SCRIPT).
+GATHERED_FLOOR = 'floor, gathered'
+#: Queue of the jobs that ``--ballast`` adds (enqueued, never started: no sweep reads them).
+BALLAST_QUEUE = 'ballast'
+
+
+def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0) -> list[dict[str, Any]]:
+    """One set of ``n`` expired leases, every variant called in turn, a batch per call, until they run out.
+
+    ``ballast`` more jobs are enqueued on another queue first: a larger data set that no
+    variant reads."""
     batch = Sweeper(conn).settings.batch_size
     prepare(conn, CASES[FLOOR], n)
+    if ballast:
+        enqueue_jobs(conn, BALLAST_QUEUE, ballast)
     calls: dict[str, Callable[[], Any]] = {}
     sha_label: dict[str, str] = {}
-    for label, source in [*variants(), ('floor', FLOOR_SCRIPT)]:
+    for label, source in [*variants(), ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]:
         loaded = conn.script_load(source)
         sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         sha_label[sha] = label
-        calls[label] = _one_call(conn, sha, label == 'floor', batch)
+        calls[label] = _one_call(conn, sha, label in ('floor', GATHERED_FLOOR), batch)
     labels = list(calls)
     walls: dict[str, list[float]] = {label: [] for label in labels}
     servers: dict[str, list[int]] = {label: [] for label in labels}
@@ -316,9 +336,10 @@ def _interleaved(conn: redis.Redis, n: int, seed: int) -> list[dict[str, Any]]:
         conn.config_set('slowlog-log-slower-than', previous['slowlog-log-slower-than'])
         conn.config_set('slowlog-max-len', previous['slowlog-max-len'])
     left = int(conn.zcard(keys.leases_key(QUEUE)))
-    ok = int(conn.llen(keys.queue_key(QUEUE))) == n - left
+    ok = int(conn.llen(keys.queue_key(QUEUE))) == n - left and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
     floor_server = statistics.median(servers['floor']) / batch
     floor_wall = statistics.median(walls['floor']) / batch * 1e6
+    gathered_server = statistics.median(servers[GATHERED_FLOOR]) / batch
     rows = []
     for label in labels:
         server_us = statistics.median(servers[label]) / batch
@@ -326,12 +347,14 @@ def _interleaved(conn: redis.Redis, n: int, seed: int) -> list[dict[str, Any]]:
         rows.append(
             {
                 'n': n,
+                'ballast': ballast,
                 'step': label,
                 'calls': len(servers[label]),
                 'wall_us_per_lease': round(wall_us, 2),
                 'server_us_per_lease': round(server_us, 2),
                 'wall_vs_floor': ratio(wall_us, floor_wall),
                 'server_vs_floor': ratio(server_us, floor_server),
+                'server_vs_gathered_floor': ratio(server_us, gathered_server),
                 'ok': ok and len(servers[label]) == len(walls[label]),
             }
         )
@@ -365,20 +388,22 @@ def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int) -> Callable[
 
 def least_interleaved() -> int:
     """The fewest leases that give every variant two full batches with ``--interleave``."""
-    return 2 * EpochSettings.resolve().batch_size * (len(variants()) + 1)
+    return 2 * EpochSettings.resolve().batch_size * (len(variants()) + 2)
 
 
-def run_interleaved(kind: str, sizes: tuple[int, ...], seed: int = 0) -> dict[str, Any]:
+def run_interleaved(
+    kind: str, sizes: tuple[int, ...], seed: int = 0, *, ballast: int = 0, aof: bool = True
+) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    with server(kind) as srv:
+    with server(kind, **({} if aof else {'appendonly': 'no'})) as srv:
         conn = srv.client()
         version = server_version(conn)
         for n in sizes:
-            rows.extend(_interleaved(conn, n, seed))
+            rows.extend(_interleaved(conn, n, seed, ballast))
     first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
     for r in rows:
         r['growth'] = ratio(r['server_us_per_lease'], first[r['step']]) if r['n'] != sizes[0] else None
-    return {'server': version, 'interleave': True, 'seed': seed, 'rows': rows}
+    return {'server': version, 'interleave': True, 'seed': seed, 'ballast': ballast, 'aof': aof, 'rows': rows}
 
 
 #: The columns of the --interleave table: (heading, key of a row).
@@ -388,6 +413,7 @@ INTERLEAVED_COLUMNS = (
     ('calls', 'calls'),
     ('server µs/lease', 'server_us_per_lease'),
     ('server × floor', 'server_vs_floor'),
+    ('server × gathered floor', 'server_vs_gathered_floor'),
     ('growth', 'growth'),
     ('wall µs/lease', 'wall_us_per_lease'),
     ('wall × floor', 'wall_vs_floor'),
@@ -444,15 +470,30 @@ def main(argv: list[str] | None = None) -> int:
         action='store_true',
         help='call the script variants in turn on one set of leases; server time per call from SLOWLOG',
     )
+    p.add_argument(
+        '--ballast',
+        type=int,
+        default=0,
+        help='with --interleave: enqueue this many more jobs on another queue first (a larger data set no sweep reads)',
+    )
+    p.add_argument(
+        '--no-aof',
+        action='store_true',
+        help='with --interleave: run the server without its append-only file (default: appendonly yes, everysec)',
+    )
     args = p.parse_args(argv)
     quiet_logging()
+    if (args.ballast or args.no_aof) and not args.interleave:
+        p.error('--ballast and --no-aof apply to --interleave only')
+    if args.ballast < 0:
+        p.error(f'--ballast must be 0 or more, got {args.ballast}')
     if args.interleave:
         if args.repeat is not None:
             p.error('--repeat does not apply to --interleave: every variant is called until the leases run out')
         sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
         if min(sizes) < least_interleaved():
             p.error(f'--interleave needs at least {least_interleaved()} leases per size (two batches per variant)')
-        result = run_interleaved(args.server, sizes, args.seed)
+        result = run_interleaved(args.server, sizes, args.seed, ballast=args.ballast, aof=not args.no_aof)
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)
         return 0 if all(r['ok'] for r in result['rows']) else 1

@@ -274,9 +274,9 @@ class SentinelTopology:
                     state = client.sentinel_master(MASTER_NAME)
                     replicas = client.sentinel_slaves(MASTER_NAME)
                 view = (
-                    f"primary port {state.get('port')} flags {state.get('flags')}, "
-                    f"{state.get('num-other-sentinels')} other sentinels, replicas "
-                    + ', '.join(f"{r.get('port')} ({r.get('flags')})" for r in replicas)
+                    f'primary port {state.get("port")} flags {state.get("flags")}, '
+                    f'{state.get("num-other-sentinels")} other sentinels, replicas '
+                    + ', '.join(f'{r.get("port")} ({r.get("flags")})' for r in replicas)
                 )
             except (redis.RedisError, OSError) as exc:
                 view = f'no answer: {exc!r}'

@@ -78,9 +78,15 @@ def test_sweep_anatomy_interleaved_calls_every_variant_on_one_set_of_leases(tmp_
     doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave')
     assert doc['interleave'] is True
     steps = [row['step'] for row in doc['rows']]
-    assert steps[0] == 'script alone' and steps[-1] == 'floor'
+    assert steps[0] == 'script alone' and steps[-2:] == ['floor', 'floor, gathered']
     assert all(row['ok'] and row['calls'] >= 2 for row in doc['rows'])
     assert len({row['calls'] for row in doc['rows']}) == 1  # one call of each per round
+
+
+def test_sweep_anatomy_ballast_adds_jobs_that_no_variant_reads(tmp_path: Path) -> None:
+    doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave', '--ballast', '500', '--no-aof')
+    assert doc['ballast'] == 500 and doc['aof'] is False
+    assert all(row['ok'] and row['ballast'] == 500 for row in doc['rows'])
 
 
 def test_report_renders_every_section(results_dir: Path) -> None:

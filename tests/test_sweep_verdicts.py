@@ -150,6 +150,24 @@ def test_exempt_requeues_at_the_front_without_counting(conn) -> None:
     assert conn.hget(keys.stats_key('default'), 'exempt') == b'1'
 
 
+
+def test_one_call_of_more_than_a_thousand_leases_requeues_each_as_one_push_per_lease_would(conn) -> None:
+    """The sweep gathers its removals and pushes and sends them per call, 1,000 members per
+    command: the queue, RQ's records and the report come out as with one command per lease."""
+    queue = Queue('default', connection=conn)
+    waiting = queue.enqueue('tests.jobs.add', 1, 1)
+    jobs = [start_job(conn, queue, epoch=OTHER_EPOCH)[0] for _ in range(1_050)]
+    judged = [m.decode() for m in conn.zrange(keys.leases_key('default'), 0, -1)]  # deadline order
+    assert sorted(judged) == sorted(job.id for job in jobs)
+    report = sweep(conn, batch_size=1_050)
+    assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job_id, 'exempt') for job_id in judged]
+    assert queue.get_job_ids() == [*reversed(judged), waiting.id]
+    assert lease_entries(conn) == (0, 0)
+    assert conn.scard(keys.worker_executions_key('test-worker')) == 0
+    assert not list(conn.scan_iter(match='rq:execution:*', count=1000))
+    assert conn.hget(keys.stats_key('default'), 'exempt') == b'1050'
+
+
 def test_recovered_counts_and_requeues(conn) -> None:
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue)

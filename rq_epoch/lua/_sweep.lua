@@ -15,11 +15,17 @@
 --   replicas_online, replicas_expected, first_seen_as_primary, more, left_leases,
 --   left_stock, left_legacy, n, records}: the n records are one string, one line each
 --   (one reply element per call: the client splits one string instead of reading n).
--- requeue(prefix, queue_key, job_key, job_id, intermediate, ...)
+-- requeue(prefix, queue_key, job_key, job_id, intermediate, later, ...)
 --   Status queued, pushed at the front of queue_key (<prefix>:queue:<queue>), the queue
 --   registered in <prefix>:queues; with `intermediate` true, its entry in <queue_key>:intermediate
---   is removed too (a started job has none: the grant, or RQ's own start, removed it).
---   `...` are more fields of the job to write in the same HSET.
+--   is removed too (a started job has none: the grant, or RQ's own start, removed it). With
+--   `later` true the push is gathered (see gather) instead of sent now. `...` are more fields
+--   of the job to write in the same HSET.
+-- gather(command, key, member) / gather_del(key) / send_gathered()
+--   Writes of one loop that name one key each (ZREM, SREM, LPUSH) or many keys (DEL), kept
+--   and sent by send_gathered() as one command per key (at most 1,000 members each), in the
+--   order they were gathered: the writes of one command per member in a fraction of the
+--   commands. Only for writes that nothing read before send_gathered() depends on.
 
 local records = {}
 local tally = {}
@@ -58,10 +64,46 @@ local function reply(run_id, uptime, now, primary, more, left_leases, left_stock
   return head
 end
 
-local function requeue(prefix, queue_key, job_key, job_id, intermediate, ...)
+local gathered = {ZREM = {}, SREM = {}, LPUSH = {}}
+local gathered_keys = {ZREM = {}, SREM = {}, LPUSH = {}}
+local gathered_dels = {}
+
+local function gather(command, key, member)
+  local members = gathered[command][key]
+  if not members then
+    members = {}
+    gathered[command][key] = members
+    local keys = gathered_keys[command]
+    keys[#keys + 1] = key
+  end
+  members[#members + 1] = member
+end
+
+local function gather_del(key)
+  gathered_dels[#gathered_dels + 1] = key
+end
+
+-- One command per 1,000 members: `unpack` puts every argument on Lua's stack.
+local function send_chunks(command, key, members)
+  for i = 1, #members, 1000 do
+    local last = math.min(i + 999, #members)
+    if key then redis.call(command, key, unpack(members, i, last)) else redis.call(command, unpack(members, i, last)) end
+  end
+end
+
+local function send_gathered()
+  for _, command in ipairs({'ZREM', 'SREM', 'LPUSH'}) do
+    for _, key in ipairs(gathered_keys[command]) do send_chunks(command, key, gathered[command][key]) end
+    gathered[command], gathered_keys[command] = {}, {}
+  end
+  if #gathered_dels > 0 then send_chunks('DEL', nil, gathered_dels) end
+  gathered_dels = {}
+end
+
+local function requeue(prefix, queue_key, job_key, job_id, intermediate, later, ...)
   redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
   if intermediate then redis.call('LREM', queue_key .. ':intermediate', 0, job_id) end
-  redis.call('LPUSH', queue_key, job_id)
+  if later then gather('LPUSH', queue_key, job_id) else redis.call('LPUSH', queue_key, job_id) end
   if not registered[queue_key] then
     redis.call('SADD', prefix .. ':queues', queue_key)
     registered[queue_key] = true

@@ -80,7 +80,7 @@ for _, job_id in ipairs(redis.call('LRANGE', intermediate, 0, batch - 1)) do
       elseif now - tonumber(first) >= limbo_timeout then
         if not dry then
           redis.call('HDEL', limbo_key, job_id)
-          requeue(prefix, queue_key, job_key, job_id, true)
+          requeue(prefix, queue_key, job_key, job_id, true, false)
           redis.call('HINCRBY', job_key, 'exempt_recoveries', 1)
         end
         record(job_id, 'exempt', tonumber(f[3]) or 0, tonumber(f[4]) or default_max, f[5], dry)

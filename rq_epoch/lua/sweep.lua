@@ -113,22 +113,30 @@ local legacy_left = redis.call('EXISTS', legacy_key) == 1
 -- Entries read and left in place by this call.
 local left = 0
 
+-- The writes of each loop below that remove entries of sorted sets and sets, delete RQ's
+-- execution records or push jobs to the queue are gathered and sent once the loop is done
+-- (send_gathered in _sweep.lua). No verdict of the same loop reads them: each entry of a
+-- loop names another execution, and what a verdict reads of a job it has judged before in
+-- the same loop (a 0.2.0 lease and RQ's entry of one job) is the job hash, written at once.
+-- The LPOS of a never-started job's check reads the queue, but only for the entry that
+-- names the job's own execution, which comes once per loop.
+
 -- Forget the entry as it was read (and RQ's entry of the same name, for a corrupt one).
 local function drop_entry(kind, member, corrupt)
-  redis.call('ZREM', source_key[kind], member)
-  if corrupt and kind == LEGACY then redis.call('ZREM', wip_key, member) end
+  gather('ZREM', source_key[kind], member)
+  if corrupt and kind == LEGACY then gather('ZREM', wip_key, member) end
 end
 
 -- Forget RQ's records of the execution <job_id>:<exec_id>.
 local function forget(job_id, exec_id)
   local member = job_id .. ':' .. exec_id
-  redis.call('ZREM', wip_key, member)
+  gather('ZREM', wip_key, member)
   local execution_key = prefix .. ':execution:' .. member
   local worker_name = redis.call('HGET', execution_key, 'worker_name')
-  redis.call('DEL', execution_key)
+  gather_del(execution_key)
   redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
   if worker_name and worker_name ~= '' then
-    redis.call('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
+    gather('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
   end
 end
 
@@ -223,7 +231,7 @@ local function judge(kind, member)
   if not counted then
     if not dry then
       drop(kind, member, job_id, exec_id)
-      requeue(prefix, queue_key, job_key, job_id, never_started, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
+      requeue(prefix, queue_key, job_key, job_id, never_started, true, 'exempt_recoveries', (tonumber(f[6]) or 0) + 1, taken_field, 'exempt')
     end
     return record(member, 'exempt', stalled, max_stalled, epoch, dry)
   end
@@ -234,7 +242,7 @@ local function judge(kind, member)
   if stalled < max_stalled then
     if not dry then
       drop(kind, member, job_id, exec_id)
-      requeue(prefix, queue_key, job_key, job_id, false, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
+      requeue(prefix, queue_key, job_key, job_id, false, true, 'stalled', stalled, 'stall_epochs', epochs, taken_field, 'recovered')
     end
     return record(member, 'recovered', stalled, max_stalled, epoch, dry)
   end
@@ -247,6 +255,7 @@ end
 
 local leases = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch)
 for _, member in ipairs(leases) do judge(LEASE, member) end
+send_gathered()
 local left_leases = left
 if dry then left_leases = #leases end
 
@@ -256,6 +265,7 @@ local legacy = {}
 if legacy_left then
   legacy = redis.call('ZRANGEBYSCORE', legacy_key, '-inf', now, 'LIMIT', legacy_offset, batch)
   for _, member in ipairs(legacy) do judge(LEGACY, member) end
+  send_gathered()
 end
 local left_legacy = left
 if dry then left_legacy = #legacy end
@@ -274,6 +284,7 @@ local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_o
 for _, member in ipairs(stock) do
   if managed(member) then left = left + 1 else judge(STOCK, member) end
 end
+send_gathered()
 local left_stock = left
 if dry then left_stock = #stock end
 
