@@ -43,12 +43,18 @@ RQ's registry, one DEL of the execution records, one SREM per worker, one LPUSH)
 ``× gathered floor`` column compares with it. Where growth with N comes from: ``--ballast``
 enqueues that many more jobs on another queue before the leases are swept (a larger data set
 that no variant reads), and ``--no-aof`` runs the server without its append-only file.
+Growth compares sizes measured one after the other, minutes apart, and this machine's speed
+drifts by more than the growth between such minutes; ``--side-by-side`` starts one server per
+size and interleaves the calls on all of them, so every size is measured at the same moments
+(each size then gets as many calls as the smallest has leases for: the larger sets are
+measured on their first leases, with the data set still at its full size).
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --ballast 90000
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000 --no-aof
+    python -m benchmarks.sweep_anatomy --interleave --sizes 20000,200000 --side-by-side
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -58,6 +64,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -301,63 +308,77 @@ def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0) -> list
 
     ``ballast`` more jobs are enqueued on another queue first: a larger data set that no
     variant reads."""
-    batch = Sweeper(conn).settings.batch_size
-    prepare(conn, CASES[FLOOR], n)
-    if ballast:
-        enqueue_jobs(conn, BALLAST_QUEUE, ballast)
-    calls: dict[str, Callable[[], Any]] = {}
-    sha_label: dict[str, str] = {}
-    for label, source in [*variants(), ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]:
-        loaded = conn.script_load(source)
-        sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
-        sha_label[sha] = label
-        calls[label] = _one_call(conn, sha, label in ('floor', GATHERED_FLOOR), batch)
-    labels = list(calls)
-    walls: dict[str, list[float]] = {label: [] for label in labels}
-    servers: dict[str, list[int]] = {label: [] for label in labels}
-    previous = conn.config_get('slowlog-*')
-    # The server logs the commands a script runs too: only calls slower than this are kept,
-    # which every call of a full batch is (hundreds of µs), and none of the single commands
-    # in it should be. Each variant must end with one entry per call (the `ok` column).
-    conn.config_set('slowlog-log-slower-than', SLOWLOG_THRESHOLD_US)
-    conn.config_set('slowlog-max-len', 1_024)
+    return _interleaved_sets({n: conn}, seed, ballast)
+
+
+def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0) -> list[dict[str, Any]]:
+    """One set of expired leases per entry of ``conns`` (size: a server of its own), every
+    variant on every set called in turn, a batch per call, until one set runs out."""
+    batch = Sweeper(next(iter(conns.values()))).settings.batch_size
+    sources = [*variants(), ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]
+    labels = [label for label, _ in sources]
+    calls: dict[tuple[int, str], Callable[[], Any]] = {}
+    sha_labels: dict[int, dict[str, str]] = {}
+    for n, conn in conns.items():
+        prepare(conn, CASES[FLOOR], n)
+        if ballast:
+            enqueue_jobs(conn, BALLAST_QUEUE, ballast)
+        sha_labels[n] = {}
+        for label, source in sources:
+            loaded = conn.script_load(source)
+            sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+            sha_labels[n][sha] = label
+            calls[(n, label)] = _one_call(conn, sha, label in ('floor', GATHERED_FLOOR), batch)
+    walls: dict[tuple[int, str], list[float]] = {key: [] for key in calls}
+    servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
+    previous = {n: conn.config_get('slowlog-*') for n, conn in conns.items()}
     try:
-        conn.slowlog_reset()
+        for conn in conns.values():
+            # The server logs the commands a script runs too: only calls slower than this are
+            # kept, which every call of a full batch is (hundreds of µs), and none of the single
+            # commands in it should be. Each variant must end with one entry per call (`ok`).
+            conn.config_set('slowlog-log-slower-than', SLOWLOG_THRESHOLD_US)
+            conn.config_set('slowlog-max-len', 1_024)
+            conn.slowlog_reset()
         order = random.Random(seed)
         for _ in range(MAX_CALLS):
-            if int(conn.zcard(keys.leases_key(QUEUE))) < batch * len(labels):
+            if any(int(conn.zcard(keys.leases_key(QUEUE))) < batch * len(labels) for conn in conns.values()):
                 break
-            for label in order.sample(labels, len(labels)):
+            for key in order.sample(list(calls), len(calls)):
                 start = time.perf_counter()
-                calls[label]()
-                walls[label].append(time.perf_counter() - start)
-            _read_slowlog(conn, sha_label, servers)
+                calls[key]()
+                walls[key].append(time.perf_counter() - start)
+            for n, conn in conns.items():
+                _read_slowlog(conn, sha_labels[n], servers[n])
     finally:
-        conn.config_set('slowlog-log-slower-than', previous['slowlog-log-slower-than'])
-        conn.config_set('slowlog-max-len', previous['slowlog-max-len'])
-    left = int(conn.zcard(keys.leases_key(QUEUE)))
-    ok = int(conn.llen(keys.queue_key(QUEUE))) == n - left and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
-    floor_server = statistics.median(servers['floor']) / batch
-    floor_wall = statistics.median(walls['floor']) / batch * 1e6
-    gathered_server = statistics.median(servers[GATHERED_FLOOR]) / batch
+        for n, conn in conns.items():
+            conn.config_set('slowlog-log-slower-than', previous[n]['slowlog-log-slower-than'])
+            conn.config_set('slowlog-max-len', previous[n]['slowlog-max-len'])
     rows = []
-    for label in labels:
-        server_us = statistics.median(servers[label]) / batch
-        wall_us = statistics.median(walls[label]) / batch * 1e6
-        rows.append(
-            {
-                'n': n,
-                'ballast': ballast,
-                'step': label,
-                'calls': len(servers[label]),
-                'wall_us_per_lease': round(wall_us, 2),
-                'server_us_per_lease': round(server_us, 2),
-                'wall_vs_floor': ratio(wall_us, floor_wall),
-                'server_vs_floor': ratio(server_us, floor_server),
-                'server_vs_gathered_floor': ratio(server_us, gathered_server),
-                'ok': ok and len(servers[label]) == len(walls[label]),
-            }
-        )
+    for n, conn in conns.items():
+        left = int(conn.zcard(keys.leases_key(QUEUE)))
+        ok = int(conn.llen(keys.queue_key(QUEUE))) == n - left
+        ok = ok and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
+        floor_server = statistics.median(servers[n]['floor']) / batch
+        floor_wall = statistics.median(walls[(n, 'floor')]) / batch * 1e6
+        gathered_server = statistics.median(servers[n][GATHERED_FLOOR]) / batch
+        for label in labels:
+            server_us = statistics.median(servers[n][label]) / batch
+            wall_us = statistics.median(walls[(n, label)]) / batch * 1e6
+            rows.append(
+                {
+                    'n': n,
+                    'ballast': ballast,
+                    'step': label,
+                    'calls': len(servers[n][label]),
+                    'wall_us_per_lease': round(wall_us, 2),
+                    'server_us_per_lease': round(server_us, 2),
+                    'wall_vs_floor': ratio(wall_us, floor_wall),
+                    'server_vs_floor': ratio(server_us, floor_server),
+                    'server_vs_gathered_floor': ratio(server_us, gathered_server),
+                    'ok': ok and len(servers[n][label]) == len(walls[(n, label)]),
+                }
+            )
     return rows
 
 
@@ -392,18 +413,33 @@ def least_interleaved() -> int:
 
 
 def run_interleaved(
-    kind: str, sizes: tuple[int, ...], seed: int = 0, *, ballast: int = 0, aof: bool = True
+    kind: str, sizes: tuple[int, ...], seed: int = 0, *, ballast: int = 0, aof: bool = True, side_by_side: bool = False
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    with server(kind, **({} if aof else {'appendonly': 'no'})) as srv:
-        conn = srv.client()
-        version = server_version(conn)
-        for n in sizes:
-            rows.extend(_interleaved(conn, n, seed, ballast))
+    config = {} if aof else {'appendonly': 'no'}
+    if side_by_side:
+        with ExitStack() as stack:
+            conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
+            version = server_version(conns[sizes[0]])
+            rows = _interleaved_sets(conns, seed, ballast)
+    else:
+        with server(kind, **config) as srv:
+            conn = srv.client()
+            version = server_version(conn)
+            for n in sizes:
+                rows.extend(_interleaved(conn, n, seed, ballast))
     first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
     for r in rows:
         r['growth'] = ratio(r['server_us_per_lease'], first[r['step']]) if r['n'] != sizes[0] else None
-    return {'server': version, 'interleave': True, 'seed': seed, 'ballast': ballast, 'aof': aof, 'rows': rows}
+    return {
+        'server': version,
+        'interleave': True,
+        'side_by_side': side_by_side,
+        'seed': seed,
+        'ballast': ballast,
+        'aof': aof,
+        'rows': rows,
+    }
 
 
 #: The columns of the --interleave table: (heading, key of a row).
@@ -481,10 +517,16 @@ def main(argv: list[str] | None = None) -> int:
         action='store_true',
         help='with --interleave: run the server without its append-only file (default: appendonly yes, everysec)',
     )
+    p.add_argument(
+        '--side-by-side',
+        action='store_true',
+        help='with --interleave and two or more sizes: one server per size, and their calls interleaved too '
+        '(each size gets as many calls as the smallest has leases for)',
+    )
     args = p.parse_args(argv)
     quiet_logging()
-    if (args.ballast or args.no_aof) and not args.interleave:
-        p.error('--ballast and --no-aof apply to --interleave only')
+    if (args.ballast or args.no_aof or args.side_by_side) and not args.interleave:
+        p.error('--ballast, --no-aof and --side-by-side apply to --interleave only')
     if args.ballast < 0:
         p.error(f'--ballast must be 0 or more, got {args.ballast}')
     if args.interleave:
@@ -493,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
         sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
         if min(sizes) < least_interleaved():
             p.error(f'--interleave needs at least {least_interleaved()} leases per size (two batches per variant)')
-        result = run_interleaved(args.server, sizes, args.seed, ballast=args.ballast, aof=not args.no_aof)
+        if args.side_by_side and (len(sizes) < 2 or len(set(sizes)) != len(sizes)):
+            p.error('--side-by-side needs two or more different sizes')
+        result = run_interleaved(
+            args.server, sizes, args.seed, ballast=args.ballast, aof=not args.no_aof, side_by_side=args.side_by_side
+        )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)
         return 0 if all(r['ok'] for r in result['rows']) else 1

@@ -83,6 +83,16 @@ def test_sweep_anatomy_interleaved_calls_every_variant_on_one_set_of_leases(tmp_
     assert len({row['calls'] for row in doc['rows']}) == 1  # one call of each per round
 
 
+def test_sweep_anatomy_side_by_side_measures_every_size_at_the_same_moments(tmp_path: Path) -> None:
+    doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave', '--sizes', '600,1200', '--side-by-side')
+    assert doc['side_by_side'] is True
+    rows = doc['rows']
+    assert sorted({row['n'] for row in rows}) == [600, 1200]
+    assert all(row['ok'] and row['calls'] >= 2 for row in rows)
+    assert len({row['calls'] for row in rows}) == 1  # each size as many calls as the smallest allows
+    assert all(row['growth'] is not None for row in rows if row['n'] == 1200)
+
+
 def test_sweep_anatomy_ballast_adds_jobs_that_no_variant_reads(tmp_path: Path) -> None:
     doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave', '--ballast', '500', '--no-aof')
     assert doc['ballast'] == 500 and doc['aof'] is False
