@@ -75,17 +75,23 @@ class Case:
 FLOOR = 'floor'
 DEAD_FLOOR = 'dead-floor'
 
-#: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
-#: key prefix, queue name, batch). A lease's member is the job id; the job's
-#: ``lease_execution`` names the execution whose records go. Returns the number of leases
-#: it read.
-FLOOR_SCRIPT = """
+#: What both floors do first, once per call: the run_id, the time, the queue key.
+_FLOOR_HEAD = """
 local info = redis.call('INFO', 'server')
 local run_id = string.match(info, 'run_id:([0-9a-f]+)')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local prefix, queue = ARGV[1], ARGV[2]
 local queue_key = prefix .. ':queue:' .. queue
+"""
+
+#: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
+#: key prefix, queue name, batch). A lease's member is the job id; the job's
+#: ``lease_execution`` names the execution whose records go. Returns the number of leases
+#: it read.
+FLOOR_SCRIPT = (
+    _FLOOR_HEAD
+    + """
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, job_id in ipairs(members) do
   local job_key = prefix .. ':job:' .. job_id
@@ -106,17 +112,14 @@ for _, job_id in ipairs(members) do
 end
 return #members
 """
+)
 
 #: The same writes with those that name one key for many leases sent once per call (one
 #: ZREM of the leases, one of RQ's registry, one DEL of the execution records, one SREM per
 #: worker, one LPUSH), as the sweep sends them: the floor for a script that gathers its writes.
-FLOOR_GATHERED_SCRIPT = """
-local info = redis.call('INFO', 'server')
-local run_id = string.match(info, 'run_id:([0-9a-f]+)')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local prefix, queue = ARGV[1], ARGV[2]
-local queue_key = prefix .. ':queue:' .. queue
+FLOOR_GATHERED_SCRIPT = (
+    _FLOOR_HEAD
+    + """
 local leases, entries, records, pushes, workers, worker_keys = {}, {}, {}, {}, {}, {}
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, job_id in ipairs(members) do
@@ -149,6 +152,7 @@ if #leases > 0 then
 end
 return #members
 """
+)
 
 CASES: dict[str, Case] = {
     'stock-retry': Case('stock-retry', STOCK, requeue=True),
