@@ -154,6 +154,21 @@ return #members
 """
 )
 
+#: Less than any sweep can do: read each expired lease's job and drop the lease, nothing else
+#: (the job is not requeued, RQ's records stay). How the cost of walking the lease set and the
+#: keyspace grows with N, apart from the writes.
+READ_AND_DROP_SCRIPT = (
+    _FLOOR_HEAD
+    + """
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+for _, job_id in ipairs(members) do
+  redis.call('HMGET', prefix .. ':job:' .. job_id, 'status', 'lease_epoch', 'lease_execution')
+  redis.call('ZREM', KEYS[1], job_id)
+end
+return #members
+"""
+)
+
 CASES: dict[str, Case] = {
     'stock-retry': Case('stock-retry', STOCK, requeue=True),
     'exempt': Case('exempt', EPOCH, requeue=True, stamp=OTHER_EPOCH),

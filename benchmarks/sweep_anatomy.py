@@ -40,9 +40,12 @@ variant's cost per lease at the larger size over its cost at the smaller. The in
 calls include a second floor, ``floor, gathered``: the same writes with those that name one
 key for many leases sent once per call, as the sweep sends them (one ZREM of the leases, one of
 RQ's registry, one DEL of the execution records, one SREM per worker, one LPUSH); the
-``× gathered floor`` column compares with it. Where growth with N comes from: ``--ballast``
-enqueues that many more jobs on another queue before the leases are swept (a larger data set
-that no variant reads), and ``--no-aof`` runs the server without its append-only file.
+``× gathered floor`` column compares with it. A third, ``read and drop``, does less than any
+sweep can (per lease, read the job and drop the lease; nothing requeued): how the cost of
+walking the lease set and the keyspace grows with N, apart from the writes. Where growth with
+N comes from: ``--ballast`` enqueues that many more jobs on another queue before the leases are
+swept (a larger data set that no variant reads), and ``--no-aof`` runs the server without its
+append-only file.
 Growth compares sizes measured one after the other, minutes apart, and this machine's speed
 drifts by more than the growth between such minutes; ``--side-by-side`` starts one server per
 size and interleaves the calls on all of them, so every size is measured at the same moments
@@ -75,7 +78,7 @@ from rq_epoch.settings import EpochSettings
 
 from .common import comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
 from .fixture import enqueue_jobs
-from .scenarios import CASES, FLOOR, FLOOR_GATHERED_SCRIPT, FLOOR_SCRIPT, QUEUE, prepare
+from .scenarios import CASES, FLOOR, FLOOR_GATHERED_SCRIPT, FLOOR_SCRIPT, QUEUE, READ_AND_DROP_SCRIPT, prepare
 
 NAME = 'sweep_anatomy'
 FULL_SIZES = (10_000,)
@@ -299,6 +302,10 @@ def run(kind: str, sizes: tuple[int, ...], repeat: int, seed: int = 0) -> dict[s
 
 #: The label of the floor that sends its writes the way the sweep does (FLOOR_GATHERED_SCRIPT).
 GATHERED_FLOOR = 'floor, gathered'
+#: The label of READ_AND_DROP_SCRIPT: less than any sweep does (read each job, drop each lease).
+READ_AND_DROP = 'read and drop'
+#: Variants called like the floor (KEYS: leases, wip; ARGV: prefix, queue, batch).
+FLOOR_LIKE = ('floor', GATHERED_FLOOR, READ_AND_DROP)
 #: Queue of the jobs that ``--ballast`` adds (enqueued, never started: no sweep reads them).
 BALLAST_QUEUE = 'ballast'
 
@@ -315,7 +322,12 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
     """One set of expired leases per entry of ``conns`` (size: a server of its own), every
     variant on every set called in turn, a batch per call, until one set runs out."""
     batch = Sweeper(next(iter(conns.values()))).settings.batch_size
-    sources = [*variants(), ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]
+    sources = [
+        *variants(),
+        ('floor', FLOOR_SCRIPT),
+        (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT),
+        (READ_AND_DROP, READ_AND_DROP_SCRIPT),
+    ]
     labels = [label for label, _ in sources]
     calls: dict[tuple[int, str], Callable[[], Any]] = {}
     sha_labels: dict[int, dict[str, str]] = {}
@@ -328,9 +340,10 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
             loaded = conn.script_load(source)
             sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
             sha_labels[n][sha] = label
-            calls[(n, label)] = _one_call(conn, sha, label in ('floor', GATHERED_FLOOR), batch)
+            calls[(n, label)] = _one_call(conn, sha, label in FLOOR_LIKE, batch)
     walls: dict[tuple[int, str], list[float]] = {key: [] for key in calls}
     servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
+    dropped = dict.fromkeys(conns, 0)  # leases READ_AND_DROP removed without requeueing
     previous = {n: conn.config_get('slowlog-*') for n, conn in conns.items()}
     try:
         for conn in conns.values():
@@ -346,8 +359,10 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
                 break
             for key in order.sample(list(calls), len(calls)):
                 start = time.perf_counter()
-                calls[key]()
+                result = calls[key]()
                 walls[key].append(time.perf_counter() - start)
+                if key[1] == READ_AND_DROP:
+                    dropped[key[0]] += int(result)
             for n, conn in conns.items():
                 _read_slowlog(conn, sha_labels[n], servers[n])
     finally:
@@ -357,7 +372,7 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
     rows = []
     for n, conn in conns.items():
         left = int(conn.zcard(keys.leases_key(QUEUE)))
-        ok = int(conn.llen(keys.queue_key(QUEUE))) == n - left
+        ok = int(conn.llen(keys.queue_key(QUEUE))) + dropped[n] == n - left
         ok = ok and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
         floor_server = statistics.median(servers[n]['floor']) / batch
         floor_wall = statistics.median(walls[(n, 'floor')]) / batch * 1e6
@@ -409,7 +424,7 @@ def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int) -> Callable[
 
 def least_interleaved() -> int:
     """The fewest leases that give every variant two full batches with ``--interleave``."""
-    return 2 * EpochSettings.resolve().batch_size * (len(variants()) + 2)
+    return 2 * EpochSettings.resolve().batch_size * (len(variants()) + len(FLOOR_LIKE))
 
 
 def run_interleaved(

@@ -78,7 +78,7 @@ def test_sweep_anatomy_interleaved_calls_every_variant_on_one_set_of_leases(tmp_
     doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave')
     assert doc['interleave'] is True
     steps = [row['step'] for row in doc['rows']]
-    assert steps[0] == 'script alone' and steps[-2:] == ['floor', 'floor, gathered']
+    assert steps[0] == 'script alone' and steps[-3:] == ['floor', 'floor, gathered', 'read and drop']
     assert all(row['ok'] and row['calls'] >= 2 for row in doc['rows'])
     assert len({row['calls'] for row in doc['rows']}) == 1  # one call of each per round
 
