@@ -100,6 +100,9 @@ def _end_during_outage(conn, server, start_worker, tmp_path: Path, func: str) ->
     job = queue.enqueue(func, str(log), 'o', str(release))
     worker = start_worker('outcome')
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')
+    # The job's status says started before its work-horse calls the function: wait for the
+    # function itself, so that it is the function, not the start, that meets the outage.
+    wait_for(lambda: executions(log, 'o')[0] == 1, 30, what='job function running')
     server.stop()
     release.touch()
     wait_for(lambda: executions(log, 'o')[1] == 1, 10, what='job function ended during the outage')
