@@ -75,7 +75,7 @@ class Case:
 FLOOR = 'floor'
 DEAD_FLOOR = 'dead-floor'
 
-#: What both floors do first, once per call: the run_id, the time, the queue key.
+#: What the floors do first, once per call: the run_id, the time, the queue key, the expired leases.
 _FLOOR_HEAD = """
 local info = redis.call('INFO', 'server')
 local run_id = string.match(info, 'run_id:([0-9a-f]+)')
@@ -83,6 +83,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local prefix, queue = ARGV[1], ARGV[2]
 local queue_key = prefix .. ':queue:' .. queue
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 """
 
 #: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
@@ -92,7 +93,6 @@ local queue_key = prefix .. ':queue:' .. queue
 FLOOR_SCRIPT = (
     _FLOOR_HEAD
     + """
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, job_id in ipairs(members) do
   local job_key = prefix .. ':job:' .. job_id
   local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution')
@@ -121,7 +121,6 @@ FLOOR_GATHERED_SCRIPT = (
     _FLOOR_HEAD
     + """
 local leases, entries, records, pushes, workers, worker_keys = {}, {}, {}, {}, {}, {}
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, job_id in ipairs(members) do
   local job_key = prefix .. ':job:' .. job_id
   local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution')
@@ -160,7 +159,6 @@ return #members
 READ_AND_DROP_SCRIPT = (
     _FLOOR_HEAD
     + """
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, job_id in ipairs(members) do
   redis.call('HMGET', prefix .. ':job:' .. job_id, 'status', 'lease_epoch', 'lease_execution')
   redis.call('ZREM', KEYS[1], job_id)

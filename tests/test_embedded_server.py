@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
 
 from rq_epoch.embedded import EmbeddedServer, PortTaken
 
@@ -26,8 +27,6 @@ def squatter(tmp_path: Path):
 
 
 def _pid_on(port: int) -> int:
-    import redis
-
     with redis.Redis(host='127.0.0.1', port=port) as client:
         return int(client.info('server')['process_id'])
 
