@@ -105,8 +105,9 @@ STEPS: tuple[Step, ...] = (
         '- reply records',
         (
             (
-                "records[#records + 1] = verdict .. ' ' .. (stalled or 0) .. ' ' .. (max_stalled or 0) .. ' ' .. "
-                "field(member) .. ' '\n                          .. field(lease_epoch or '')",
+                "records[#records + 1] = verdict .. ' ' .. count_text(stalled or 0) .. ' ' .. "
+                "count_text(max_stalled or 0) .. ' '\n                          .. field(member) .. ' ' .. "
+                "epoch_field(lease_epoch or '')",
                 '',
             ),
         ),
@@ -120,8 +121,8 @@ STEPS: tuple[Step, ...] = (
                 'requeue(prefix, queue_key, job_key, job_id, never_started, true)',
             ),
             (
-                "redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)",
-                "redis.call('HSET', job_key, 'status', 'queued')",
+                "rcall('HSET', job_key, 'status', 'queued', 'started_at', '', ...)",
+                "rcall('HSET', job_key, 'status', 'queued')",
             ),
         ),
     ),
@@ -129,11 +130,11 @@ STEPS: tuple[Step, ...] = (
         '- full read',
         (
             (
-                "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',\n"
+                "rpcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',\n"
                 "                        'exempt_recoveries', 'stall_epochs')",
                 # the job's lease names its execution: lease_execution stays, at the same index
                 '(function(r) return {r[1], r[2], false, false, r[3]} end)('
-                "redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution'))",
+                "rpcall('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution'))",
             ),
         ),
     ),
@@ -151,11 +152,11 @@ STEPS: tuple[Step, ...] = (
         '- stock entries',
         (
             (
-                "local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)",
+                "local stock = rcall('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)",
                 'local stock = {}',
             ),
             (
-                "local legacy_left = redis.call('EXISTS', legacy_key) == 1",
+                "local legacy_left = rcall('EXISTS', legacy_key) == 1",
                 'local legacy_left = false',
             ),
         ),
@@ -164,8 +165,8 @@ STEPS: tuple[Step, ...] = (
         '- counters',
         (
             ('  count_verdicts(stats_key)\n', ''),
-            ("  redis.call('HSET', stats_key, 'last_sweep', tostring(now))\n", ''),
-            ("    redis.call('SADD', prefix .. ':queues', queue_key)\n", ''),
+            ("  rcall('HSET', stats_key, 'last_sweep', tostring(now))\n", ''),
+            ("    rcall('SADD', prefix .. ':queues', queue_key)\n", ''),
         ),
     ),
 )

@@ -178,6 +178,21 @@ def test_recovered_counts_and_requeues(conn) -> None:
     assert queue.get_job_ids() == [job.id]
 
 
+def test_stall_counts_written_by_hand_that_are_not_whole_numbers_count_as_unset(conn) -> None:
+    queue = Queue('default', connection=conn)
+    written = ['nan', '2.5', '1e300', '-1', 'many', 'inf']
+    jobs = []
+    for text in written:
+        job, _ = start_job(conn, queue)
+        conn.hset(keys.job_key(job.id), mapping={'stalled': text, 'max_stalled': text})
+        jobs.append(job)
+    report = sweep(conn, max_stalled=3)
+    by_job = {v.job_id: (v.verdict, v.stalled, v.max_stalled) for v in report.verdicts}
+    assert by_job == {job.id: ('recovered', 1, 3) for job in jobs}
+    assert [conn.hget(keys.job_key(job.id), 'stalled') for job in jobs] == [b'1'] * len(jobs)
+    assert queue.count == len(jobs)
+
+
 def test_dead_moves_to_failed_registry(conn) -> None:
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue, max_stalled=1)

@@ -8,8 +8,13 @@
 --   The run_id line of INFO server text, when it has that shape.
 -- server_now() -> seconds since the Unix epoch, from the server clock (TIME).
 --
+-- rcall / rpcall are redis.call / redis.pcall, kept in locals as every script here calls
+-- them (a local is read without looking up the global table).
+--
 -- INFO text is searched with plain finds of whole line starts: a pattern search tries a
 -- match at every position of the text, which made the parsing cost more than the INFO.
+
+local rcall, rpcall = redis.call, redis.pcall
 
 local function run_id_of(info)
   local at = string.find(info, '\nrun_id:', 1, true)
@@ -20,7 +25,7 @@ local function run_id_of(info)
 end
 
 local function current_epoch()
-  local ok, info = pcall(redis.call, 'INFO', 'server')
+  local ok, info = pcall(rcall, 'INFO', 'server')
   if not ok then
     local reason = info
     if type(info) == 'table' then reason = info.err end
@@ -38,7 +43,7 @@ local function current_epoch()
 end
 
 local function server_now()
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
@@ -67,19 +72,44 @@ end
 --                   date from that earlier term, so during the grace it waits like one
 --                   stamped by another process
 
+-- The value of the INFO line "<name>:<value>" (a plain find of the line start), or nil.
+local function info_value(info, name)
+  local at = string.find(info, '\n' .. name .. ':', 1, true)
+  if not at then return nil end
+  return string.match(info, '^[^\r\n]*', at + #name + 2)
+end
+
+-- Replicas connected now, in state online, with lag <= 10 s: the "slave<n>:" lines.
+local function replicas_online(info)
+  local online, at = 0, 1
+  for _ = 1, 1000 do
+    at = string.find(info, '\nslave', at, true)
+    if not at then break end
+    at = at + 6
+    local line = string.match(info, '^%d+:([^\r\n]*)', at)
+    if line and string.find(line, 'state=online', 1, true) then
+      local lag_at = string.find(line, 'lag=', 1, true)
+      local lag = lag_at and tonumber(string.match(line, '^%d+', lag_at + 4)) or 0
+      if lag <= 10 then online = online + 1 end
+    end
+  end
+  return online
+end
+
 local function primary_epoch(run_id, uptime, now, key, write)
-  local info = redis.call('INFO', 'replication')
-  local state = {role = string.match(info, 'role:(%w+)') or '', age = 0, first = 0, online = 0,
+  local info = rcall('INFO', 'replication')
+  local state = {role = string.match(info_value(info, 'role') or '', '^%w*'), age = 0, first = 0, online = 0,
                  expected = 0, isolated = false, returning = false}
   if state.role ~= 'master' then return state end
-  local online = 0
-  for line in string.gmatch(info, 'slave%d+:([^\r\n]*)') do
-    local lag = tonumber(string.match(line, 'lag=(%d+)')) or 0
-    if string.find(line, 'state=online', 1, true) and lag <= 10 then online = online + 1 end
+  local online = replicas_online(info)
+  local field = run_id .. ':' .. string.match(info_value(info, 'master_replid') or '', '^%w*')
+  -- The whole hash at once (at most 8 entries): this epoch's entry, and the others' names.
+  local entries = rcall('HGETALL', key)
+  local entry = nil
+  for i = 1, #entries, 2 do
+    if entries[i] == field then entry = entries[i + 1] end
   end
-  local field = run_id .. ':' .. (string.match(info, 'master_replid:(%w+)') or '')
-  local entry = redis.call('HGET', key, field)
-  local first, expected = nil, 0
+  local first, expected, forgotten = nil, 0, nil
   if entry then
     first, expected = string.match(entry, '^(%S+) (%d+)$')
     first, expected = tonumber(first), tonumber(expected) or 0
@@ -88,23 +118,26 @@ local function primary_epoch(run_id, uptime, now, key, write)
     if online > expected then expected = online end
     local new = first == nil
     if new then first = now end
-    redis.call('HSET', key, field, string.format('%.6f %d', first, expected))
-    if new and redis.call('HLEN', key) > 8 then
+    rcall('HSET', key, field, string.format('%.6f %d', first, expected))
+    if new and #entries / 2 + (entry and 0 or 1) > 8 then
       -- Forget the oldest epochs; only the current one is ever read.
-      local all = redis.call('HGETALL', key)
       local oldest, oldest_at = nil, nil
-      for i = 1, #all, 2 do
-        local at = tonumber(string.match(all[i + 1], '^(%S+)')) or 0
-        if all[i] ~= field and (oldest_at == nil or at < oldest_at) then oldest, oldest_at = all[i], at end
+      for i = 1, #entries, 2 do
+        local at = tonumber(string.match(entries[i + 1], '^(%S+)')) or 0
+        if entries[i] ~= field and (oldest_at == nil or at < oldest_at) then oldest, oldest_at = entries[i], at end
       end
-      if oldest then redis.call('HDEL', key, oldest) end
+      if oldest then
+        rcall('HDEL', key, oldest)
+        forgotten = oldest
+      end
     end
   end
   state.online, state.expected = online, expected
   state.isolated = expected > 0 and online == 0
   local own = run_id .. ':'
-  for _, other in ipairs(redis.call('HKEYS', key)) do
-    if other ~= field and string.sub(other, 1, #own) == own then state.returning = true end
+  for i = 1, #entries, 2 do
+    local other = entries[i]
+    if other ~= field and other ~= forgotten and string.sub(other, 1, #own) == own then state.returning = true end
   end
   if first then
     state.first = first

@@ -8,6 +8,8 @@
 --   a dry run or a deferral. A member or lease_epoch holding a space, a newline or '%' (no
 --   job id or run_id does; a foreign entry may) is written percent-encoded, so the fields
 --   split cleanly on spaces and the lines on newlines.
+-- count_of(text, least, default)
+--   The whole number a job field holds, when it is one from `least` to 2^31; else `default`.
 -- count_verdicts(stats_key)
 --   Adds the verdicts of this call to the per-queue counters, one HINCRBY per verdict.
 -- reply(run_id, uptime, now, primary, more, left_leases, left_stock, left_legacy)
@@ -23,9 +25,10 @@
 --   of the job to write in the same HSET.
 -- gather(command, key, member) / gather_del(key) / send_gathered()
 --   Writes of one loop that name one key each (ZREM, SREM, LPUSH) or many keys (DEL), kept
---   and sent by send_gathered() as one command per key (at most 1,000 members each), in the
---   order they were gathered: the writes of one command per member in a fraction of the
---   commands. Only for writes that nothing read before send_gathered() depends on.
+--   and sent by send_gathered() as one command per key (at most 1,000 members each; the
+--   keys in the order they were first gathered, each key's members in the order they were
+--   gathered): the writes of one command per member in a fraction of the commands. Only for
+--   writes that nothing read before send_gathered() depends on.
 
 local records = {}
 local tally = {}
@@ -33,21 +36,55 @@ local registered = {}
 
 -- A field of a record as written: percent-encoded when it holds ' ', '\n' or '%' (plain
 -- finds: a pattern with a character class costs more than the rest of the record).
+local find = string.find
 local function field(s)
-  if not (string.find(s, ' ', 1, true) or string.find(s, '\n', 1, true) or string.find(s, '%', 1, true)) then
+  if not (find(s, ' ', 1, true) or find(s, '\n', 1, true) or find(s, '%', 1, true)) then
     return s
   end
   return (string.gsub(s, '[ \n%%]', function(c) return string.format('%%%02X', string.byte(c)) end))
 end
 
+-- The lease_epoch field as written, checked once per distinct stamp of a call (a batch
+-- holds a few).
+local epoch_fields = {}
+local function epoch_field(s)
+  local written = epoch_fields[s]
+  if not written then
+    written = field(s)
+    epoch_fields[s] = written
+  end
+  return written
+end
+
+-- count_of(text, least, default): the whole number `text` holds when it is one from
+-- `least` to 2^31, else `default` (a job field written by hand may hold anything: '2.5',
+-- 'nan', '1e300').
+local function count_of(text, least, default)
+  local n = tonumber(text)
+  if n == nil or n ~= n or n < least or n > 2147483648 or n % 1 ~= 0 then return default end
+  return n
+end
+
+-- A count as text, formatted once per distinct count of a call (Lua formats a number
+-- with sprintf each time it is joined to a string).
+local count_texts = {}
+local function count_text(n)
+  local text = count_texts[n]
+  if not text then
+    text = tostring(n)
+    count_texts[n] = text
+  end
+  return text
+end
+
 local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
-  records[#records + 1] = verdict .. ' ' .. (stalled or 0) .. ' ' .. (max_stalled or 0) .. ' ' .. field(member) .. ' '
-                          .. field(lease_epoch or '')
+  records[#records + 1] = verdict .. ' ' .. count_text(stalled or 0) .. ' ' .. count_text(max_stalled or 0) .. ' '
+                          .. field(member) .. ' ' .. epoch_field(lease_epoch or '')
   if not dry and verdict ~= 'deferred' then tally[verdict] = (tally[verdict] or 0) + 1 end
 end
 
 local function count_verdicts(stats_key)
-  for verdict, count in pairs(tally) do redis.call('HINCRBY', stats_key, verdict, count) end
+  for verdict, count in pairs(tally) do rcall('HINCRBY', stats_key, verdict, count) end
 end
 
 -- This server's primary epoch (recorded unless dry), and whether a sweep here may judge:
@@ -64,17 +101,17 @@ local function reply(run_id, uptime, now, primary, more, left_leases, left_stock
   return head
 end
 
-local gathered = {ZREM = {}, SREM = {}, LPUSH = {}}
-local gathered_keys = {ZREM = {}, SREM = {}, LPUSH = {}}
-local gathered_dels = {}
+-- Per key: its command and the members gathered for it (a key is only ever written with
+-- one command), and the keys in the order they were first gathered.
+local gathered, gathered_command, gathered_keys, gathered_dels = {}, {}, {}, {}
 
 local function gather(command, key, member)
-  local members = gathered[command][key]
+  local members = gathered[key]
   if not members then
     members = {}
-    gathered[command][key] = members
-    local keys = gathered_keys[command]
-    keys[#keys + 1] = key
+    gathered[key] = members
+    gathered_command[key] = command
+    gathered_keys[#gathered_keys + 1] = key
   end
   members[#members + 1] = member
 end
@@ -87,25 +124,22 @@ end
 local function send_chunks(command, key, members)
   for i = 1, #members, 1000 do
     local last = math.min(i + 999, #members)
-    if key then redis.call(command, key, unpack(members, i, last)) else redis.call(command, unpack(members, i, last)) end
+    if key then rcall(command, key, unpack(members, i, last)) else rcall(command, unpack(members, i, last)) end
   end
 end
 
 local function send_gathered()
-  for _, command in ipairs({'ZREM', 'SREM', 'LPUSH'}) do
-    for _, key in ipairs(gathered_keys[command]) do send_chunks(command, key, gathered[command][key]) end
-    gathered[command], gathered_keys[command] = {}, {}
-  end
+  for _, key in ipairs(gathered_keys) do send_chunks(gathered_command[key], key, gathered[key]) end
   if #gathered_dels > 0 then send_chunks('DEL', nil, gathered_dels) end
-  gathered_dels = {}
+  gathered, gathered_command, gathered_keys, gathered_dels = {}, {}, {}, {}
 end
 
 local function requeue(prefix, queue_key, job_key, job_id, intermediate, later, ...)
-  redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
-  if intermediate then redis.call('LREM', queue_key .. ':intermediate', 0, job_id) end
-  if later then gather('LPUSH', queue_key, job_id) else redis.call('LPUSH', queue_key, job_id) end
+  rcall('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
+  if intermediate then rcall('LREM', queue_key .. ':intermediate', 0, job_id) end
+  if later then gather('LPUSH', queue_key, job_id) else rcall('LPUSH', queue_key, job_id) end
   if not registered[queue_key] then
-    redis.call('SADD', prefix .. ':queues', queue_key)
+    rcall('SADD', prefix .. ':queues', queue_key)
     registered[queue_key] = true
   end
 end

@@ -21,12 +21,12 @@ local now = server_now()
 local until_ = now + tonumber(ARGV[2])
 local members
 if ARGV[3] and ARGV[3] ~= '' then
-  local score = redis.call('ZSCORE', finishing_key, ARGV[3])
+  local score = rcall('ZSCORE', finishing_key, ARGV[3])
   if score and tonumber(score) <= now then members = {ARGV[3]} else members = {} end
 else
-  members = redis.call('ZRANGEBYSCORE', finishing_key, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+  members = rcall('ZRANGEBYSCORE', finishing_key, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 end
 for _, member in ipairs(members) do
-  redis.call('ZADD', finishing_key, 'XX', until_, member)
+  rcall('ZADD', finishing_key, 'XX', until_, member)
 end
 return members

@@ -44,6 +44,8 @@
 --   gone        the execution's own earlier commit landed (its lease, or the job, is gone,
 --               or the record of KEYS[4] exists), or the job was cancelled or deleted
 
+local rcall, rpcall = redis.call, redis.pcall  -- read from locals, not the global table
+
 local leases_key, job_key, stats_key, committed_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, execution = ARGV[1], ARGV[2]
 local committing = ARGV[3] == '1'
@@ -54,38 +56,38 @@ local function run(status)
   local i = 6
   for _ = 1, ncommands do
     local argc = tonumber(ARGV[i])
-    local reply = redis.pcall(unpack(ARGV, i + 1, i + argc))
+    local reply = rpcall(unpack(ARGV, i + 1, i + argc))
     replies[#replies + 1] = reply
     i = i + argc + 1
   end
   return replies
 end
 
-local holder = redis.call('HGET', job_key, 'lease_execution')
-if holder == execution and redis.call('ZSCORE', leases_key, job_id) then
+local holder = rcall('HGET', job_key, 'lease_execution')
+if holder == execution and rcall('ZSCORE', leases_key, job_id) then
   return run(1)
 end
 
 local reason, detail = nil, ''
-local taken = redis.call('HGET', job_key, 'taken:' .. execution)
+local taken = rcall('HGET', job_key, 'taken:' .. execution)
 if taken then
   reason, detail = 'taken', taken
 elseif holder and holder ~= execution then
   reason, detail = 'superseded', holder
-elseif holder == execution or redis.call('EXISTS', job_key) == 0 or redis.call('EXISTS', committed_key) == 1 then
+elseif holder == execution or rcall('EXISTS', job_key) == 0 or rcall('EXISTS', committed_key) == 1 then
   reason = 'gone'
 end
 
 if not reason then
   -- Never granted, and nobody took over: the outcome lands.
   if committing and ncommands > 0 then
-    redis.call('SET', committed_key, '1', 'EX', tonumber(ARGV[5]))
+    rcall('SET', committed_key, '1', 'EX', tonumber(ARGV[5]))
   end
   return run(2)
 end
 
 if committing and reason ~= 'gone' then
-  if redis.call('EXISTS', job_key) == 1 then redis.call('HINCRBY', job_key, 'stale_outcomes', 1) end
-  redis.call('HINCRBY', stats_key, 'refused', 1)
+  if rcall('EXISTS', job_key) == 1 then rcall('HINCRBY', job_key, 'stale_outcomes', 1) end
+  rcall('HINCRBY', stats_key, 'refused', 1)
 end
 return {0, reason, detail, holder or ''}

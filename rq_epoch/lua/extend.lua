@@ -34,29 +34,29 @@ local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
 
 local function lost()
-  return {0, run_id, '0', redis.call('HGET', job_key, 'taken:' .. execution) or ''}
+  return {0, run_id, '0', rcall('HGET', job_key, 'taken:' .. execution) or ''}
 end
 
 -- The holder and the stamp in one read; a job hash that is gone has no holder.
-local held = redis.call('HMGET', job_key, 'lease_execution', 'lease_epoch')
+local held = rcall('HMGET', job_key, 'lease_execution', 'lease_epoch')
 if held[1] ~= execution then return lost() end
 
 -- ZADD XX CH answers 0 for a lease that is gone, or (hardly ever) for one whose deadline
 -- did not change: only then is ZSCORE needed to tell the two apart.
 local deadline = server_now() + tonumber(ARGV[2])
-if redis.call('ZADD', leases_key, 'XX', 'CH', deadline, job_id) == 0
-    and not redis.call('ZSCORE', leases_key, job_id) then
+if rcall('ZADD', leases_key, 'XX', 'CH', deadline, job_id) == 0
+    and not rcall('ZSCORE', leases_key, job_id) then
   return lost()
 end
 
 if wip_key then
-  redis.call('ZADD', wip_key, 'XX', '+inf', job_id .. ':' .. execution)
+  rcall('ZADD', wip_key, 'XX', '+inf', job_id .. ':' .. execution)
 end
 
 -- The stamp is written only when it names another process (or none): from the second
 -- heartbeat on it names this one already, and a read costs less than a write, which is
 -- also propagated to the AOF and the replicas.
 if held[2] ~= run_id then
-  redis.call('HSET', job_key, 'lease_epoch', run_id)
+  rcall('HSET', job_key, 'lease_epoch', run_id)
 end
 return {1, run_id, tostring(deadline), ''}

@@ -41,23 +41,23 @@ local job_id, execution = ARGV[1], ARGV[3]
 local run_id, _, err = current_epoch()
 if err then return redis.error_reply(err) end
 
-if redis.call('EXISTS', job_key) == 0 then
+if rcall('EXISTS', job_key) == 0 then
   return {0, run_id, '0'}
 end
 
 if wip_key then
-  local previous = redis.call('HGET', job_key, 'lease_execution')
-  if previous and previous ~= execution then redis.call('ZREM', wip_key, job_id .. ':' .. previous) end
+  local previous = rcall('HGET', job_key, 'lease_execution')
+  if previous and previous ~= execution then rcall('ZREM', wip_key, job_id .. ':' .. previous) end
 end
 local deadline = server_now() + tonumber(ARGV[2])
-redis.call('ZADD', leases_key, deadline, job_id)
-redis.call('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
+rcall('ZADD', leases_key, deadline, job_id)
+rcall('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
 if limbo_key then
-  redis.call('LREM', intermediate_key, 1, job_id)
-  redis.call('HDEL', limbo_key, job_id)
+  rcall('LREM', intermediate_key, 1, job_id)
+  rcall('HDEL', limbo_key, job_id)
 end
-if redis.call('HEXISTS', job_key, 'stall_dead') == 1 then
-  redis.call('HSET', job_key, 'stalled', 0)
-  redis.call('HDEL', job_key, 'stall_dead', 'stall_epochs')
+if rcall('HEXISTS', job_key, 'stall_dead') == 1 then
+  rcall('HSET', job_key, 'stalled', 0)
+  rcall('HDEL', job_key, 'stall_dead', 'stall_epochs')
 end
 return {1, run_id, tostring(deadline)}

@@ -53,46 +53,46 @@ local intermediate = queue_key .. ':intermediate'
 
 local function forget(job_id)
   if not dry then
-    redis.call('LREM', intermediate, 0, job_id)
-    redis.call('HDEL', limbo_key, job_id)
+    rcall('LREM', intermediate, 0, job_id)
+    rcall('HDEL', limbo_key, job_id)
   end
 end
 
-for _, job_id in ipairs(redis.call('LRANGE', intermediate, 0, batch - 1)) do
+for _, job_id in ipairs(rcall('LRANGE', intermediate, 0, batch - 1)) do
   local job_key = prefix .. ':job:' .. job_id
-  local kind = redis.call('TYPE', job_key)['ok']
+  local kind = rcall('TYPE', job_key)['ok']
   if kind ~= 'hash' then
     forget(job_id)
     if kind == 'none' then record(job_id, 'ghost', 0, 0, '', dry) else record(job_id, 'corrupt', 0, 0, '', dry) end
   else
-    local f = redis.call('HMGET', job_key, 'status', 'lease_execution', 'stalled', 'max_stalled', 'lease_epoch')
+    local f = rcall('HMGET', job_key, 'status', 'lease_execution', 'stalled', 'max_stalled', 'lease_epoch')
     local status, execution = f[1], f[2]
     local live = false
     if execution then
       local member = job_id .. ':' .. execution
-      live = redis.call('ZSCORE', leases_key, job_id) or redis.call('ZSCORE', legacy_key, member)
-        or redis.call('ZSCORE', wip_key, member)
+      live = rcall('ZSCORE', leases_key, job_id) or rcall('ZSCORE', legacy_key, member)
+        or rcall('ZSCORE', wip_key, member)
     end
-    if status == 'queued' and not live and not redis.call('LPOS', queue_key, job_id) then
-      local first = redis.call('HGET', limbo_key, job_id)
+    if status == 'queued' and not live and not rcall('LPOS', queue_key, job_id) then
+      local first = rcall('HGET', limbo_key, job_id)
       if not first then
-        if not dry then redis.call('HSET', limbo_key, job_id, tostring(now)) end
+        if not dry then rcall('HSET', limbo_key, job_id, tostring(now)) end
       elseif now - tonumber(first) >= limbo_timeout then
         if not dry then
-          redis.call('HDEL', limbo_key, job_id)
+          rcall('HDEL', limbo_key, job_id)
           requeue(prefix, queue_key, job_key, job_id, true, false)
-          redis.call('HINCRBY', job_key, 'exempt_recoveries', 1)
+          rcall('HINCRBY', job_key, 'exempt_recoveries', 1)
         end
-        record(job_id, 'exempt', tonumber(f[3]) or 0, tonumber(f[4]) or default_max, f[5], dry)
+        record(job_id, 'exempt', count_of(f[3], 0, 0), count_of(f[4], 1, default_max), f[5], dry)
       end
     elseif status == 'finished' or status == 'failed' or status == 'stopped' or status == 'canceled' then
       forget(job_id)
     elseif not dry then
-      redis.call('HDEL', limbo_key, job_id)
+      rcall('HDEL', limbo_key, job_id)
     end
   end
 end
-if not dry and redis.call('HLEN', limbo_key) > 4 * batch then redis.call('DEL', limbo_key) end
+if not dry and rcall('HLEN', limbo_key) > 4 * batch then rcall('DEL', limbo_key) end
 if not dry then count_verdicts(stats_key) end
 
 return reply(run_id, uptime, now, primary, 0, 0, 0, 0)

@@ -109,7 +109,7 @@ local queue_key = prefix .. ':queue:' .. queue
 -- Where an entry was read: a job's lease, a 0.2.0 lease, RQ's registry (a stock worker).
 local LEASE, LEGACY, STOCK = 1, 2, 3
 local source_key = {leases_key, legacy_key, wip_key}
-local legacy_left = redis.call('EXISTS', legacy_key) == 1
+local legacy_left = rcall('EXISTS', legacy_key) == 1
 -- Entries read and left in place by this call.
 local left = 0
 
@@ -132,9 +132,9 @@ local function forget(job_id, exec_id)
   local member = job_id .. ':' .. exec_id
   gather('ZREM', wip_key, member)
   local execution_key = prefix .. ':execution:' .. member
-  local worker_name = redis.call('HGET', execution_key, 'worker_name')
+  local worker_name = rcall('HGET', execution_key, 'worker_name')
   gather_del(execution_key)
-  redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+  rcall('ZREM', prefix .. ':executions:' .. job_id, exec_id)
   if worker_name and worker_name ~= '' then
     gather('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
   end
@@ -142,7 +142,7 @@ end
 
 -- Forget RQ's records of every execution of a job whose lease names none that can be read.
 local function forget_all(job_id)
-  for _, e in ipairs(redis.call('ZRANGE', prefix .. ':executions:' .. job_id, 0, batch - 1)) do forget(job_id, e) end
+  for _, e in ipairs(rcall('ZRANGE', prefix .. ':executions:' .. job_id, 0, batch - 1)) do forget(job_id, e) end
 end
 
 local function drop(kind, member, job_id, exec_id)
@@ -151,12 +151,12 @@ local function drop(kind, member, job_id, exec_id)
 end
 
 local function bury(job_key, job_id, stalled, epochs, taken_field)
-  local ttl = tonumber(redis.call('HGET', job_key, 'failure_ttl'))
+  local ttl = tonumber(rcall('HGET', job_key, 'failure_ttl'))
   if ttl == nil or ttl <= 0 then ttl = default_failure_ttl end
-  redis.call('HSET', job_key, 'status', 'failed', 'stall_dead', '1', 'stalled', stalled, 'stall_epochs', epochs,
+  rcall('HSET', job_key, 'status', 'failed', 'stall_dead', '1', 'stalled', stalled, 'stall_epochs', epochs,
              taken_field, 'dead')
-  redis.call('ZADD', prefix .. ':failed:' .. queue, now + ttl, job_id)
-  redis.call('ZADD', finishing_key, 0, queue .. '|' .. job_id)
+  rcall('ZADD', prefix .. ':failed:' .. queue, now + ttl, job_id)
+  rcall('ZADD', finishing_key, 0, queue .. '|' .. job_id)
 end
 
 local function judge(kind, member)
@@ -172,7 +172,7 @@ local function judge(kind, member)
   end
   local job_key = prefix .. ':job:' .. job_id
   -- One read for the common case; the key's type is only asked when the read fails.
-  local f = redis.pcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
+  local f = rpcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
                         'exempt_recoveries', 'stall_epochs')
   if f.err then
     if not dry then
@@ -181,7 +181,7 @@ local function judge(kind, member)
     end
     return record(member, 'corrupt', 0, 0, '', dry)
   end
-  if not f[1] and redis.call('EXISTS', job_key) == 0 then
+  if not f[1] and rcall('EXISTS', job_key) == 0 then
     if not dry then
       drop_entry(kind, member)
       if exec_id then forget(job_id, exec_id) else forget_all(job_id) end
@@ -189,13 +189,12 @@ local function judge(kind, member)
     return record(member, 'ghost', 0, 0, '', dry)
   end
   local status, epoch, lease_execution = f[1], f[2], f[5]
-  local stalled = tonumber(f[3]) or 0
-  local max_stalled = tonumber(f[4])
-  if max_stalled == nil or max_stalled < 1 or max_stalled % 1 ~= 0 then max_stalled = default_max end
+  local stalled = count_of(f[3], 0, 0)
+  local max_stalled = count_of(f[4], 1, default_max)
   if kind == STOCK then epoch = false end
   if kind == LEASE then
     exec_id = lease_execution
-    if not exec_id or (legacy_left and redis.call('ZSCORE', legacy_key, job_id .. ':' .. exec_id)) then
+    if not exec_id or (legacy_left and rcall('ZSCORE', legacy_key, job_id .. ':' .. exec_id)) then
       -- No execution named, or the one named holds a 0.2.0 lease granted after this one.
       if not dry then drop_entry(kind, member) end
       return record(member, 'settled', stalled, max_stalled, epoch, dry)
@@ -208,12 +207,12 @@ local function judge(kind, member)
     if kind == LEGACY and lease_execution and lease_execution ~= exec_id then
       if not dry then
         drop(kind, member, job_id, exec_id)
-        redis.call('HSET', job_key, taken_field, 'settled')
+        rcall('HSET', job_key, taken_field, 'settled')
       end
       return record(member, 'settled', stalled, max_stalled, epoch, dry)
     end
   elseif status == 'queued' and kind ~= STOCK and lease_execution == exec_id
-      and not redis.call('LPOS', queue_key, job_id) then
+      and not rcall('LPOS', queue_key, job_id) then
     -- Granted, then the worker died before the job started: it never ran, so it did
     -- not stall. Requeued uncounted.
     never_started = true
@@ -253,7 +252,7 @@ local function judge(kind, member)
   return record(member, 'dead', stalled, max_stalled, epoch, dry)
 end
 
-local leases = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch)
+local leases = rcall('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch)
 for _, member in ipairs(leases) do judge(LEASE, member) end
 send_gathered()
 local left_leases = left
@@ -263,7 +262,7 @@ if dry then left_leases = #leases end
 left = 0
 local legacy = {}
 if legacy_left then
-  legacy = redis.call('ZRANGEBYSCORE', legacy_key, '-inf', now, 'LIMIT', legacy_offset, batch)
+  legacy = rcall('ZRANGEBYSCORE', legacy_key, '-inf', now, 'LIMIT', legacy_offset, batch)
   for _, member in ipairs(legacy) do judge(LEGACY, member) end
   send_gathered()
 end
@@ -272,15 +271,15 @@ if dry then left_legacy = #legacy end
 
 -- Is RQ's entry <job_id>:<exec_id> the execution of a lease that rq-epoch manages?
 local function managed(member)
-  if legacy_left and redis.call('ZSCORE', legacy_key, member) then return true end
+  if legacy_left and rcall('ZSCORE', legacy_key, member) then return true end
   local job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
-  if not job_id or not redis.call('ZSCORE', leases_key, job_id) then return false end
-  return redis.pcall('HGET', prefix .. ':job:' .. job_id, 'lease_execution') == exec_id
+  if not job_id or not rcall('ZSCORE', leases_key, job_id) then return false end
+  return rpcall('HGET', prefix .. ':job:' .. job_id, 'lease_execution') == exec_id
 end
 
 -- Stock workers' entries: finite, expired scores in RQ's registry, not managed by us.
 left = 0
-local stock = redis.call('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)
+local stock = rcall('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)
 for _, member in ipairs(stock) do
   if managed(member) then left = left + 1 else judge(STOCK, member) end
 end
@@ -290,7 +289,7 @@ if dry then left_stock = #stock end
 
 if not dry then
   count_verdicts(stats_key)
-  redis.call('HSET', stats_key, 'last_sweep', tostring(now))
+  rcall('HSET', stats_key, 'last_sweep', tostring(now))
 end
 
 local more = 0

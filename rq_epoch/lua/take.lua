@@ -18,12 +18,14 @@
 -- Returns {i, job_id} when the job was taken from KEYS[i]; {0} when every queue was
 -- empty.
 
+local rcall = redis.call  -- read from a local, not the global table
+
 local n = #KEYS / 2
 
 for i = 1, n do
-  local job_id = redis.call('LPOP', KEYS[i])
+  local job_id = rcall('LPOP', KEYS[i])
   if job_id then
-    redis.call('RPUSH', KEYS[n + i], job_id)
+    rcall('RPUSH', KEYS[n + i], job_id)
     return {i, job_id}
   end
 end
