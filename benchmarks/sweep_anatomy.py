@@ -51,6 +51,9 @@ drifts by more than the growth between such minutes; ``--side-by-side`` starts o
 size and interleaves the calls on all of them, so every size is measured at the same moments
 (each size then gets as many calls as the smallest has leases for: the larger sets are
 measured on their first leases, with the data set still at its full size).
+A set of 10,000 leases gives each of the ten scripts 33 calls; ``--floors-only`` calls only the
+script and the two floors (111 calls each), and ``--rounds R`` makes the sets again R times and
+pools the calls of every round, for medians that hold still at the smaller size.
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
@@ -58,6 +61,7 @@ measured on their first leases, with the data set still at its full size).
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --ballast 90000
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000 --no-aof
     python -m benchmarks.sweep_anatomy --interleave --sizes 20000,200000 --side-by-side
+    python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --rounds 3
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -311,25 +315,80 @@ FLOOR_LIKE = ('floor', GATHERED_FLOOR, READ_AND_DROP)
 BALLAST_QUEUE = 'ballast'
 
 
-def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0) -> list[dict[str, Any]]:
+def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0, **options: Any) -> list[dict[str, Any]]:
     """One set of ``n`` expired leases, every variant called in turn, a batch per call, until they run out.
 
     ``ballast`` more jobs are enqueued on another queue first: a larger data set that no
     variant reads."""
-    return _interleaved_sets({n: conn}, seed, ballast)
+    return _interleaved_sets({n: conn}, seed, ballast, **options)
 
 
-def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0) -> list[dict[str, Any]]:
-    """One set of expired leases per entry of ``conns`` (size: a server of its own), every
-    variant on every set called in turn, a batch per call, until one set runs out."""
-    batch = Sweeper(next(iter(conns.values()))).settings.batch_size
-    sources = [
+def _sources(floors_only: bool = False) -> list[tuple[str, str]]:
+    """(label, source) of every script an interleaved run calls: the variants and the floors."""
+    if floors_only:
+        return [variants()[0], ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]
+    return [
         *variants(),
         ('floor', FLOOR_SCRIPT),
         (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT),
         (READ_AND_DROP, READ_AND_DROP_SCRIPT),
     ]
+
+
+def _interleaved_sets(
+    conns: dict[int, redis.Redis], seed: int, ballast: int = 0, *, rounds: int = 1, floors_only: bool = False
+) -> list[dict[str, Any]]:
+    """One set of expired leases per entry of ``conns`` (size: a server of its own), every
+    variant on every set called in turn, a batch per call, until one set runs out; ``rounds``
+    times, each on sets made again, the calls of every round pooled."""
+    batch = Sweeper(next(iter(conns.values()))).settings.batch_size
+    sources = _sources(floors_only)
     labels = [label for label, _ in sources]
+    walls: dict[tuple[int, str], list[float]] = {(n, label): [] for n in conns for label in labels}
+    servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
+    ok = dict.fromkeys(conns, True)
+    order = random.Random(seed)
+    for _ in range(rounds):
+        _one_round(conns, sources, batch, ballast, order, walls, servers, ok)
+    rows = []
+    for n in conns:
+        floor_server = statistics.median(servers[n]['floor']) / batch
+        floor_wall = statistics.median(walls[(n, 'floor')]) / batch * 1e6
+        gathered_server = statistics.median(servers[n][GATHERED_FLOOR]) / batch
+        for label in labels:
+            server_us = statistics.median(servers[n][label]) / batch
+            wall_us = statistics.median(walls[(n, label)]) / batch * 1e6
+            rows.append(
+                {
+                    'n': n,
+                    'ballast': ballast,
+                    'rounds': rounds,
+                    'step': label,
+                    'calls': len(servers[n][label]),
+                    'wall_us_per_lease': round(wall_us, 2),
+                    'server_us_per_lease': round(server_us, 2),
+                    'wall_vs_floor': ratio(wall_us, floor_wall),
+                    'server_vs_floor': ratio(server_us, floor_server),
+                    'server_vs_gathered_floor': ratio(server_us, gathered_server),
+                    'ok': ok[n] and len(servers[n][label]) == len(walls[(n, label)]),
+                }
+            )
+    return rows
+
+
+def _one_round(
+    conns: dict[int, redis.Redis],
+    sources: list[tuple[str, str]],
+    batch: int,
+    ballast: int,
+    order: random.Random,
+    walls: dict[tuple[int, str], list[float]],
+    servers: dict[int, dict[str, list[int]]],
+    ok: dict[int, bool],
+) -> None:
+    """Make every set, call every variant on every set in turn until one set runs out, and add
+    each call's wall and server time to ``walls`` / ``servers``; ``ok[n]`` turns false when a
+    set's jobs did not end where they should."""
     calls: dict[tuple[int, str], Callable[[], Any]] = {}
     sha_labels: dict[int, dict[str, str]] = {}
     for n, conn in conns.items():
@@ -342,8 +401,6 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
             sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
             sha_labels[n][sha] = label
             calls[(n, label)] = _one_call(conn, sha, label in FLOOR_LIKE, batch)
-    walls: dict[tuple[int, str], list[float]] = {key: [] for key in calls}
-    servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
     dropped = dict.fromkeys(conns, 0)  # leases READ_AND_DROP removed without requeueing
     previous = {n: conn.config_get('slowlog-*') for n, conn in conns.items()}
     try:
@@ -354,9 +411,8 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
             conn.config_set('slowlog-log-slower-than', SLOWLOG_THRESHOLD_US)
             conn.config_set('slowlog-max-len', 1_024)
             conn.slowlog_reset()
-        order = random.Random(seed)
         for _ in range(MAX_CALLS):
-            if any(int(conn.zcard(keys.leases_key(QUEUE))) < batch * len(labels) for conn in conns.values()):
+            if any(int(conn.zcard(keys.leases_key(QUEUE))) < batch * len(sources) for conn in conns.values()):
                 break
             for key in order.sample(list(calls), len(calls)):
                 start = time.perf_counter()
@@ -370,32 +426,10 @@ def _interleaved_sets(conns: dict[int, redis.Redis], seed: int, ballast: int = 0
         for n, conn in conns.items():
             conn.config_set('slowlog-log-slower-than', previous[n]['slowlog-log-slower-than'])
             conn.config_set('slowlog-max-len', previous[n]['slowlog-max-len'])
-    rows = []
     for n, conn in conns.items():
         left = int(conn.zcard(keys.leases_key(QUEUE)))
-        ok = int(conn.llen(keys.queue_key(QUEUE))) + dropped[n] == n - left
-        ok = ok and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
-        floor_server = statistics.median(servers[n]['floor']) / batch
-        floor_wall = statistics.median(walls[(n, 'floor')]) / batch * 1e6
-        gathered_server = statistics.median(servers[n][GATHERED_FLOOR]) / batch
-        for label in labels:
-            server_us = statistics.median(servers[n][label]) / batch
-            wall_us = statistics.median(walls[(n, label)]) / batch * 1e6
-            rows.append(
-                {
-                    'n': n,
-                    'ballast': ballast,
-                    'step': label,
-                    'calls': len(servers[n][label]),
-                    'wall_us_per_lease': round(wall_us, 2),
-                    'server_us_per_lease': round(server_us, 2),
-                    'wall_vs_floor': ratio(wall_us, floor_wall),
-                    'server_vs_floor': ratio(server_us, floor_server),
-                    'server_vs_gathered_floor': ratio(server_us, gathered_server),
-                    'ok': ok and len(servers[n][label]) == len(walls[(n, label)]),
-                }
-            )
-    return rows
+        ok[n] = ok[n] and int(conn.llen(keys.queue_key(QUEUE))) + dropped[n] == n - left
+        ok[n] = ok[n] and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
 
 
 def _read_slowlog(conn: redis.Redis, sha_label: dict[str, str], servers: dict[str, list[int]]) -> None:
@@ -423,13 +457,21 @@ def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int) -> Callable[
     return lambda: conn.evalsha(sha, len(sweep_keys), *sweep_keys, *args)
 
 
-def least_interleaved() -> int:
+def least_interleaved(floors_only: bool = False) -> int:
     """The fewest leases that give every variant two full batches with ``--interleave``."""
-    return 2 * EpochSettings.resolve().batch_size * (len(variants()) + len(FLOOR_LIKE))
+    return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only))
 
 
 def run_interleaved(
-    kind: str, sizes: tuple[int, ...], seed: int = 0, *, ballast: int = 0, aof: bool = True, side_by_side: bool = False
+    kind: str,
+    sizes: tuple[int, ...],
+    seed: int = 0,
+    *,
+    ballast: int = 0,
+    aof: bool = True,
+    side_by_side: bool = False,
+    rounds: int = 1,
+    floors_only: bool = False,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
@@ -437,13 +479,13 @@ def run_interleaved(
         with ExitStack() as stack:
             conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
             version = server_version(conns[sizes[0]])
-            rows = _interleaved_sets(conns, seed, ballast)
+            rows = _interleaved_sets(conns, seed, ballast, rounds=rounds, floors_only=floors_only)
     else:
         with server(kind, **config) as srv:
             conn = srv.client()
             version = server_version(conn)
             for n in sizes:
-                rows.extend(_interleaved(conn, n, seed, ballast))
+                rows.extend(_interleaved(conn, n, seed, ballast, rounds=rounds, floors_only=floors_only))
     first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
     for r in rows:
         r['growth'] = ratio(r['server_us_per_lease'], first[r['step']]) if r['n'] != sizes[0] else None
@@ -454,6 +496,8 @@ def run_interleaved(
         'seed': seed,
         'ballast': ballast,
         'aof': aof,
+        'rounds': rounds,
+        'floors_only': floors_only,
         'rows': rows,
     }
 
@@ -539,22 +583,44 @@ def main(argv: list[str] | None = None) -> int:
         help='with --interleave and two or more sizes: one server per size, and their calls interleaved too '
         '(each size gets as many calls as the smallest has leases for)',
     )
+    p.add_argument(
+        '--rounds',
+        type=int,
+        default=1,
+        help='with --interleave: make the sets of leases again this many times and pool the calls (default 1)',
+    )
+    p.add_argument(
+        '--floors-only',
+        action='store_true',
+        help='with --interleave: call only the script and the two floors (more calls each from the same leases)',
+    )
     args = p.parse_args(argv)
     quiet_logging()
-    if (args.ballast or args.no_aof or args.side_by_side) and not args.interleave:
-        p.error('--ballast, --no-aof and --side-by-side apply to --interleave only')
+    interleave_only = args.ballast or args.no_aof or args.side_by_side or args.rounds != 1 or args.floors_only
+    if interleave_only and not args.interleave:
+        p.error('--ballast, --no-aof, --side-by-side, --rounds and --floors-only apply to --interleave only')
+    if args.rounds < 1:
+        p.error(f'--rounds must be 1 or more, got {args.rounds}')
     if args.ballast < 0:
         p.error(f'--ballast must be 0 or more, got {args.ballast}')
     if args.interleave:
         if args.repeat is not None:
             p.error('--repeat does not apply to --interleave: every variant is called until the leases run out')
         sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
-        if min(sizes) < least_interleaved():
-            p.error(f'--interleave needs at least {least_interleaved()} leases per size (two batches per variant)')
+        least = least_interleaved(args.floors_only)
+        if min(sizes) < least:
+            p.error(f'--interleave needs at least {least} leases per size (two batches per variant)')
         if args.side_by_side and (len(sizes) < 2 or len(set(sizes)) != len(sizes)):
             p.error('--side-by-side needs two or more different sizes')
         result = run_interleaved(
-            args.server, sizes, args.seed, ballast=args.ballast, aof=not args.no_aof, side_by_side=args.side_by_side
+            args.server,
+            sizes,
+            args.seed,
+            ballast=args.ballast,
+            aof=not args.no_aof,
+            side_by_side=args.side_by_side,
+            rounds=args.rounds,
+            floors_only=args.floors_only,
         )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)

@@ -99,6 +99,17 @@ def test_sweep_anatomy_ballast_adds_jobs_that_no_variant_reads(tmp_path: Path) -
     assert all(row['ok'] and row['ballast'] == 500 for row in doc['rows'])
 
 
+def test_sweep_anatomy_rounds_pool_the_calls_of_sets_made_again(tmp_path: Path) -> None:
+    one = run_quick('sweep_anatomy', tmp_path / 'one.json', '--interleave', '--sizes', '600', '--floors-only')
+    two = run_quick(
+        'sweep_anatomy', tmp_path / 'two.json', '--interleave', '--sizes', '600', '--floors-only', '--rounds', '2'
+    )
+    assert [row['step'] for row in one['rows']] == ['script alone', 'floor', 'floor, gathered']
+    assert two['rounds'] == 2 and two['floors_only'] is True
+    assert all(row['ok'] for row in one['rows'] + two['rows'])
+    assert [row['calls'] for row in two['rows']] == [2 * row['calls'] for row in one['rows']]
+
+
 def test_report_renders_every_section(results_dir: Path) -> None:
     for module in BENCHMARKS:
         if not (results_dir / f'{module}.json').exists():  # this test was run alone
