@@ -54,6 +54,10 @@ measured on their first leases, with the data set still at its full size).
 A set of 10,000 leases gives each of the ten scripts 33 calls; ``--floors-only`` calls only the
 script and the two floors (111 calls each), and ``--rounds R`` makes the sets again R times and
 pools the calls of every round, for medians that hold still at the smaller size.
+``--verdict recovered`` has the script judge a second set of as many leases, stamped by the
+running server (each a counted stall with budget left), while the floors requeue the exempt
+set: the floor is the same for both verdicts. The steps' edits remove duties of the exempt
+verdict, so this option is meant with ``--floors-only``.
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
@@ -62,6 +66,7 @@ pools the calls of every round, for medians that hold still at the smaller size.
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000 --no-aof
     python -m benchmarks.sweep_anatomy --interleave --sizes 20000,200000 --side-by-side
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --rounds 3
+    python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --verdict recovered
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -81,7 +86,7 @@ from rq_epoch import Sweeper, keys, scripts
 from rq_epoch.settings import EpochSettings
 
 from .common import comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
-from .fixture import enqueue_jobs
+from .fixture import EPOCH, enqueue_jobs, start_jobs
 from .scenarios import CASES, FLOOR, FLOOR_GATHERED_SCRIPT, FLOOR_SCRIPT, QUEUE, READ_AND_DROP_SCRIPT, prepare
 
 NAME = 'sweep_anatomy'
@@ -313,6 +318,10 @@ READ_AND_DROP = 'read and drop'
 FLOOR_LIKE = ('floor', GATHERED_FLOOR, READ_AND_DROP)
 #: Queue of the jobs that ``--ballast`` adds (enqueued, never started: no sweep reads them).
 BALLAST_QUEUE = 'ballast'
+#: With ``verdict='recovered'``: the queue of the leases the script variants judge (stamped by
+#: the running server, each a counted stall with budget left); the floors keep :data:`QUEUE`.
+RECOVERED_QUEUE = 'recovered'
+VERDICTS = ('exempt', 'recovered')
 
 
 def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0, **options: Any) -> list[dict[str, Any]]:
@@ -336,11 +345,18 @@ def _sources(floors_only: bool = False) -> list[tuple[str, str]]:
 
 
 def _interleaved_sets(
-    conns: dict[int, redis.Redis], seed: int, ballast: int = 0, *, rounds: int = 1, floors_only: bool = False
+    conns: dict[int, redis.Redis],
+    seed: int,
+    ballast: int = 0,
+    *,
+    rounds: int = 1,
+    floors_only: bool = False,
+    verdict: str = 'exempt',
 ) -> list[dict[str, Any]]:
     """One set of expired leases per entry of ``conns`` (size: a server of its own), every
     variant on every set called in turn, a batch per call, until one set runs out; ``rounds``
-    times, each on sets made again, the calls of every round pooled."""
+    times, each on sets made again, the calls of every round pooled. With ``verdict`` 'recovered'
+    the script variants judge a second set of as many leases, stamped by the running server."""
     batch = Sweeper(next(iter(conns.values()))).settings.batch_size
     sources = _sources(floors_only)
     labels = [label for label, _ in sources]
@@ -349,7 +365,7 @@ def _interleaved_sets(
     ok = dict.fromkeys(conns, True)
     order = random.Random(seed)
     for _ in range(rounds):
-        _one_round(conns, sources, batch, ballast, order, walls, servers, ok)
+        _one_round(conns, sources, batch, ballast, order, walls, servers, ok, verdict)
     rows = []
     for n in conns:
         floor_server = statistics.median(servers[n]['floor']) / batch
@@ -363,6 +379,7 @@ def _interleaved_sets(
                     'n': n,
                     'ballast': ballast,
                     'rounds': rounds,
+                    'verdict': verdict,
                     'step': label,
                     'calls': len(servers[n][label]),
                     'wall_us_per_lease': round(wall_us, 2),
@@ -385,14 +402,18 @@ def _one_round(
     walls: dict[tuple[int, str], list[float]],
     servers: dict[int, dict[str, list[int]]],
     ok: dict[int, bool],
+    verdict: str = 'exempt',
 ) -> None:
     """Make every set, call every variant on every set in turn until one set runs out, and add
     each call's wall and server time to ``walls`` / ``servers``; ``ok[n]`` turns false when a
     set's jobs did not end where they should."""
     calls: dict[tuple[int, str], Callable[[], Any]] = {}
     sha_labels: dict[int, dict[str, str]] = {}
+    script_queue = RECOVERED_QUEUE if verdict == 'recovered' else QUEUE
     for n, conn in conns.items():
         prepare(conn, CASES[FLOOR], n)
+        if script_queue != QUEUE:
+            start_jobs(conn, enqueue_jobs(conn, script_queue, n, retry=True, on_failure=True), EPOCH)
         if ballast:
             enqueue_jobs(conn, BALLAST_QUEUE, ballast)
         sha_labels[n] = {}
@@ -400,7 +421,9 @@ def _one_round(
             loaded = conn.script_load(source)
             sha = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
             sha_labels[n][sha] = label
-            calls[(n, label)] = _one_call(conn, sha, label in FLOOR_LIKE, batch)
+            floor = label in FLOOR_LIKE
+            calls[(n, label)] = _one_call(conn, sha, floor, batch, QUEUE if floor else script_queue)
+    lease_sets = sorted({QUEUE, script_queue})
     dropped = dict.fromkeys(conns, 0)  # leases READ_AND_DROP removed without requeueing
     previous = {n: conn.config_get('slowlog-*') for n, conn in conns.items()}
     try:
@@ -412,7 +435,11 @@ def _one_round(
             conn.config_set('slowlog-max-len', 1_024)
             conn.slowlog_reset()
         for _ in range(MAX_CALLS):
-            if any(int(conn.zcard(keys.leases_key(QUEUE))) < batch * len(sources) for conn in conns.values()):
+            if any(
+                int(conn.zcard(keys.leases_key(queue))) < batch * len(sources)
+                for conn in conns.values()
+                for queue in lease_sets
+            ):
                 break
             for key in order.sample(list(calls), len(calls)):
                 start = time.perf_counter()
@@ -427,9 +454,15 @@ def _one_round(
             conn.config_set('slowlog-log-slower-than', previous[n]['slowlog-log-slower-than'])
             conn.config_set('slowlog-max-len', previous[n]['slowlog-max-len'])
     for n, conn in conns.items():
-        left = int(conn.zcard(keys.leases_key(QUEUE)))
-        ok[n] = ok[n] and int(conn.llen(keys.queue_key(QUEUE))) + dropped[n] == n - left
+        for queue in lease_sets:
+            left = int(conn.zcard(keys.leases_key(queue)))
+            gone = dropped[n] if queue == QUEUE else 0
+            ok[n] = ok[n] and int(conn.llen(keys.queue_key(queue))) + gone == n - left
         ok[n] = ok[n] and int(conn.llen(keys.queue_key(BALLAST_QUEUE))) == ballast
+        if script_queue != QUEUE:  # every lease the script judged was a counted stall
+            counts = conn.hgetall(keys.stats_key(script_queue))
+            judged = n - int(conn.zcard(keys.leases_key(script_queue)))
+            ok[n] = ok[n] and counts == {b'recovered': str(judged).encode(), b'last_sweep': counts.get(b'last_sweep')}
 
 
 def _read_slowlog(conn: redis.Redis, sha_label: dict[str, str], servers: dict[str, list[int]]) -> None:
@@ -442,18 +475,18 @@ def _read_slowlog(conn: redis.Redis, sha_label: dict[str, str], servers: dict[st
     conn.slowlog_reset()
 
 
-def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int) -> Callable[[], Any]:
+def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int, queue: str = QUEUE) -> Callable[[], Any]:
     if floor:
-        floor_keys = [keys.leases_key(QUEUE), keys.wip_key(QUEUE)]
-        return lambda: conn.evalsha(sha, len(floor_keys), *floor_keys, keys.PREFIX, QUEUE, batch)
+        floor_keys = [keys.leases_key(queue), keys.wip_key(queue)]
+        return lambda: conn.evalsha(sha, len(floor_keys), *floor_keys, keys.PREFIX, queue, batch)
     sweep_keys = [
-        keys.leases_key(QUEUE),
-        keys.wip_key(QUEUE),
+        keys.leases_key(queue),
+        keys.wip_key(queue),
         keys.finishing_key(),
-        keys.stats_key(QUEUE),
-        keys.legacy_leases_key(QUEUE),
+        keys.stats_key(queue),
+        keys.legacy_leases_key(queue),
     ]
-    args = [keys.PREFIX, QUEUE, batch, 3, 0, 86400, '0', 0, 0, 0]
+    args = [keys.PREFIX, queue, batch, 3, 0, 86400, '0', 0, 0, 0]
     return lambda: conn.evalsha(sha, len(sweep_keys), *sweep_keys, *args)
 
 
@@ -472,6 +505,7 @@ def run_interleaved(
     side_by_side: bool = False,
     rounds: int = 1,
     floors_only: bool = False,
+    verdict: str = 'exempt',
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
@@ -479,13 +513,15 @@ def run_interleaved(
         with ExitStack() as stack:
             conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
             version = server_version(conns[sizes[0]])
-            rows = _interleaved_sets(conns, seed, ballast, rounds=rounds, floors_only=floors_only)
+            rows = _interleaved_sets(conns, seed, ballast, rounds=rounds, floors_only=floors_only, verdict=verdict)
     else:
         with server(kind, **config) as srv:
             conn = srv.client()
             version = server_version(conn)
             for n in sizes:
-                rows.extend(_interleaved(conn, n, seed, ballast, rounds=rounds, floors_only=floors_only))
+                rows.extend(
+                    _interleaved(conn, n, seed, ballast, rounds=rounds, floors_only=floors_only, verdict=verdict)
+                )
     first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
     for r in rows:
         r['growth'] = ratio(r['server_us_per_lease'], first[r['step']]) if r['n'] != sizes[0] else None
@@ -498,6 +534,7 @@ def run_interleaved(
         'aof': aof,
         'rounds': rounds,
         'floors_only': floors_only,
+        'verdict': verdict,
         'rows': rows,
     }
 
@@ -594,11 +631,20 @@ def main(argv: list[str] | None = None) -> int:
         action='store_true',
         help='with --interleave: call only the script and the two floors (more calls each from the same leases)',
     )
+    p.add_argument(
+        '--verdict',
+        choices=VERDICTS,
+        default='exempt',
+        help='with --interleave: the verdict of the leases the script judges (default exempt); with recovered, '
+        'a second set of as many leases, stamped by the running server, while the floors keep the exempt set',
+    )
     args = p.parse_args(argv)
     quiet_logging()
-    interleave_only = args.ballast or args.no_aof or args.side_by_side or args.rounds != 1 or args.floors_only
+    interleave_only = (
+        args.ballast or args.no_aof or args.side_by_side or args.rounds != 1 or args.floors_only
+    ) or args.verdict != 'exempt'
     if interleave_only and not args.interleave:
-        p.error('--ballast, --no-aof, --side-by-side, --rounds and --floors-only apply to --interleave only')
+        p.error('--ballast, --no-aof, --side-by-side, --rounds, --floors-only and --verdict apply to --interleave only')
     if args.rounds < 1:
         p.error(f'--rounds must be 1 or more, got {args.rounds}')
     if args.ballast < 0:
@@ -621,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
             side_by_side=args.side_by_side,
             rounds=args.rounds,
             floors_only=args.floors_only,
+            verdict=args.verdict,
         )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)

@@ -110,6 +110,22 @@ def test_sweep_anatomy_rounds_pool_the_calls_of_sets_made_again(tmp_path: Path) 
     assert [row['calls'] for row in two['rows']] == [2 * row['calls'] for row in one['rows']]
 
 
+def test_sweep_anatomy_recovered_verdicts_are_judged_beside_the_floors_exempt_set(tmp_path: Path) -> None:
+    doc = run_quick(
+        'sweep_anatomy',
+        tmp_path / 'anatomy.json',
+        '--interleave',
+        '--sizes',
+        '600',
+        '--floors-only',
+        '--verdict',
+        'recovered',
+    )
+    assert doc['verdict'] == 'recovered'
+    # ok: every lease the script judged was counted as recovered, the floors requeued their own set
+    assert all(row['ok'] and row['verdict'] == 'recovered' and row['calls'] >= 2 for row in doc['rows'])
+
+
 def test_report_renders_every_section(results_dir: Path) -> None:
     for module in BENCHMARKS:
         if not (results_dir / f'{module}.json').exists():  # this test was run alone

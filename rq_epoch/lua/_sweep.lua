@@ -59,9 +59,16 @@ end
 -- count_of(text, least, default): the whole number `text` holds when it is one from
 -- `least` to 2^31, else `default` (a job field written by hand may hold anything: '2.5',
 -- 'nan', '1e300').
+local read_counts = {}  -- text -> its whole number, or false: parsed once per distinct text of a call
 local function count_of(text, least, default)
-  local n = tonumber(text)
-  if n == nil or n ~= n or n < least or n > 2147483648 or n % 1 ~= 0 then return default end
+  if not text then return default end
+  local n = read_counts[text]
+  if n == nil then
+    n = tonumber(text)
+    if n == nil or n ~= n or n < 0 or n > 2147483648 or n % 1 ~= 0 then n = false end
+    read_counts[text] = n
+  end
+  if not n or n < least then return default end
   return n
 end
 
