@@ -114,9 +114,10 @@ STEPS: tuple[Step, ...] = (
         '- reply records',
         (
             (
-                "records[#records + 1] = verdict .. ' ' .. count_text(stalled or 0) .. ' ' .. "
-                "count_text(max_stalled or 0) .. ' '\n                          .. field(member) .. ' ' .. "
-                "epoch_field(lease_epoch or '')",
+                "records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '\n"
+                "                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. "
+                "field(member) .. ' '\n                          .. "
+                "(epoch_fields[lease_epoch] or epoch_field(lease_epoch))",
                 '',
             ),
         ),

@@ -85,8 +85,11 @@ local function count_text(n)
 end
 
 local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
-  records[#records + 1] = verdict .. ' ' .. count_text(stalled or 0) .. ' ' .. count_text(max_stalled or 0) .. ' '
-                          .. field(member) .. ' ' .. epoch_field(lease_epoch or '')
+  stalled, max_stalled, lease_epoch = stalled or 0, max_stalled or 0, lease_epoch or ''
+  -- The memo tables are read here first: a call only for a text not formatted yet.
+  records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '
+                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. field(member) .. ' '
+                          .. (epoch_fields[lease_epoch] or epoch_field(lease_epoch))
   if not dry and verdict ~= 'deferred' then tally[verdict] = (tally[verdict] or 0) + 1 end
 end
 

@@ -162,7 +162,7 @@ end
 local function judge(kind, member)
   local job_id, exec_id
   if kind == LEASE then
-    if member ~= '' and not string.find(member, ':', 1, true) then job_id = member end
+    if member ~= '' and not find(member, ':', 1, true) then job_id = member end
   else
     job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
   end
