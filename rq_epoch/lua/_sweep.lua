@@ -56,10 +56,9 @@ local function epoch_field(s)
   return written
 end
 
--- count_of(text, least, default): the whole number `text` holds when it is one from
--- `least` to 2^31, else `default` (a job field written by hand may hold anything: '2.5',
--- 'nan', '1e300').
-local read_counts = {}  -- text -> its whole number, or false: parsed once per distinct text of a call
+-- A job field written by hand may hold anything ('2.5', 'nan', '1e300'). Each distinct text
+-- is parsed once per call: read_counts maps it to its whole number, or to false.
+local read_counts = {}
 local function count_of(text, least, default)
   if not text then return default end
   local n = read_counts[text]
