@@ -405,12 +405,17 @@ class SentinelTopology:
 
     # -- faults ----------------------------------------------------------------------
 
-    def failover(self, timeout: float = 20.0) -> tuple[EmbeddedServer, EmbeddedServer]:
+    def failover(self, timeout: float = 45.0, attempts: int = 4) -> tuple[EmbeddedServer, EmbeddedServer]:
         """``SENTINEL FAILOVER``; return (old, new) once the new primary answers as master and
         every sentinel names it to clients (``SENTINEL MASTERS``, what redis-py asks).
         :attr:`promoted_at` is when the promotion was first seen. The old primary is
-        converted to a replica later, when the sentinels next look at it."""
+        converted to a replica later, when the sentinels next look at it.
+
+        A failover the sentinel gives up (the promoted replica did not report itself primary
+        within ``failover-timeout``, which a loaded machine can delay) is asked for again, at
+        most ``attempts`` times in all, within ``timeout`` seconds."""
         old = self.current_primary()
+        deadline = time.monotonic() + timeout
 
         def accepted() -> bool:
             # Refused (NOGOODSLAVE) while the sentinel's last look at the replica (every 10 s)
@@ -419,31 +424,59 @@ class SentinelTopology:
                 try:
                     return bool(client.execute_command('SENTINEL', 'FAILOVER', MASTER_NAME))
                 except redis.ResponseError as exc:
-                    if 'NOGOODSLAVE' in str(exc):
+                    if 'NOGOODSLAVE' in str(exc) or 'INPROG' in str(exc):
                         return False
                     raise
 
-        deadline = time.monotonic() + timeout
-        while not accepted():
+        for _ in range(attempts):
+            while not accepted():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f'the sentinels found no replica to promote within {timeout}s\n{self.describe()}'
+                    )
+                time.sleep(0.25)
+            promoted = self._wait_promoted(old, max(1.0, deadline - time.monotonic()), asked=True)
+            if promoted is not None:
+                return old, promoted
             if time.monotonic() > deadline:
-                raise TimeoutError(f'the sentinels found no replica to promote within {timeout}s')
-            time.sleep(0.25)
-        return old, self._wait_promoted(old, max(1.0, deadline - time.monotonic()))
+                break
+        raise TimeoutError(
+            f'timed out after {timeout}s (or {attempts} attempts) waiting for the sentinels to promote a replica '
+            f'and agree on it\n{self.describe()}'
+        )
 
-    def _wait_promoted(self, old: EmbeddedServer, timeout: float) -> EmbeddedServer:
-        """Wait until a server other than ``old`` answers as master and every sentinel names it."""
+    def _wait_promoted(self, old: EmbeddedServer, timeout: float, asked: bool = False) -> EmbeddedServer | None:
+        """Wait until a server other than ``old`` answers as master and every sentinel names it.
+
+        With ``asked`` (a failover asked of the first sentinel), None when that sentinel gave
+        the failover up, or at the timeout; otherwise TimeoutError at the timeout."""
         self.promoted_at = None
+        given_up = False
 
         def promoted() -> int | None:
+            nonlocal given_up
             port = self.primary_port()
             if port is None or port == old.port or not self._answers_as_master(port):
-                return None
+                # The flags first, then the address: a failover that ends changes both at once.
+                given_up = asked and not self._failing_over() and self.primary_port() == old.port
+                return -1 if given_up else None
             if self.promoted_at is None:
                 self.promoted_at = time.monotonic()
             return port if self.agreed_port() == port else None
 
-        port = _poll(promoted, timeout, 'the sentinels to promote a replica and agree on it', interval=0.02)
-        return self.server_on(int(port))
+        what = 'the sentinels to promote a replica and agree on it'
+        try:
+            port = _poll(promoted, timeout, what, interval=0.02)
+        except TimeoutError:
+            if asked:
+                return None
+            raise TimeoutError(f'timed out after {timeout}s waiting for {what}\n{self.describe()}') from None
+        return None if given_up else self.server_on(int(port))
+
+    def _failing_over(self) -> bool:
+        """Whether the sentinel that is asked for failovers has one in progress."""
+        with self.sentinels[0].client() as client:
+            return 'failover_in_progress' in str(client.sentinel_master(MASTER_NAME).get('flags', ''))
 
     def agreed_port(self) -> int | None:
         """The primary's port when every running sentinel's ``SENTINEL MASTERS`` names the same one."""
@@ -492,7 +525,9 @@ class SentinelTopology:
         """
         old = self.current_primary()
         self.freeze(old)
-        return old, self._wait_promoted(old, timeout)
+        promoted = self._wait_promoted(old, timeout)
+        assert promoted is not None  # not asked: a timeout raises
+        return old, promoted
 
     def logs(self) -> str:
         """Every sentinel's and server's log, for a failing test's report."""
