@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
 import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
@@ -309,6 +310,33 @@ def test_uncounted_lease_waits_for_the_restart_grace(conn, server) -> None:
     )
     assert conn.zscore(keys.leases_key('default'), member) is not None
     expire(conn, 'default', member)
+
+
+def _fill_primaries(conn: redis.Redis, names: list[str]) -> None:
+    """Record earlier primary epochs, the first of ``names`` the oldest."""
+    conn.hset(keys.primaries_key(), mapping={name: f'{100 + i}.000000 0' for i, name in enumerate(names)})
+
+
+def test_the_record_of_primary_epochs_keeps_the_eight_newest(conn) -> None:
+    others = [f'{i:040x}:{"0" * 40}' for i in range(8)]
+    _fill_primaries(conn, others)
+    Sweeper(conn, restart_grace=0).sweep(['default'])
+    kept = {name.decode() for name in conn.hkeys(keys.primaries_key())}
+    current = [name for name in kept if name.startswith(current_run_id(conn) + ':')]
+    assert len(kept) == 8 and len(current) == 1
+    assert kept - set(current) == set(others[1:])  # the oldest went
+
+
+@pytest.mark.parametrize(('oldest', 'verdict'), [(True, 'recovered'), (False, 'deferred')])
+def test_an_earlier_term_of_this_process_defers_its_stamps_unless_its_record_was_forgotten(
+    conn, oldest: bool, verdict: str
+) -> None:
+    earlier = f'{current_run_id(conn)}:{"e" * 40}'  # this process, primary before under another replid
+    others = [f'{i:040x}:{"0" * 40}' for i in range(7)]
+    _fill_primaries(conn, [earlier, *others] if oldest else [*others, earlier])
+    job, _ = start_job(conn, Queue('default', connection=conn))
+    report = Sweeper(conn, restart_grace=10**6, max_stalled=3).sweep(['default'])
+    assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job.id, verdict)]
 
 
 def test_deferred_leases_are_reported_once_and_do_not_hide_the_leases_behind_them(conn, server) -> None:
