@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from benchmarks.chaos import Attempt, Config, JobAudit, check_invariants, explain, in_order_of_start, make_plan
+from benchmarks.chaos.audit import held_faults, read_takes
 from tests.conftest import ROOT
 
 SMALL = [
@@ -145,6 +147,35 @@ def test_a_horse_frozen_before_its_job_function_ran_counts_from_the_freeze() -> 
     assert ordered == [zombie, other]
     assert explain(zombie, other.start, False, events) == 'freeze'
     assert in_order_of_start([other, replace(zombie, pid=91)], events)[0] is other  # another horse frozen: no change
+
+
+def test_a_worker_killed_after_taking_a_job_it_never_began_accounts_for_the_counted_stall(tmp_path: Path) -> None:
+    took = time.mktime((2026, 12, 3, 18, 56, 19, 0, 0, -1))  # local time, as the worker logs it
+    events = [
+        {'kind': 'worker-start', 'pid': 101, 'log': 'worker-1-1.log', 't': took - 10},
+        {'kind': 'worker-start', 'pid': 102, 'log': 'worker-2-1.log', 't': took - 10},
+        {'kind': 'worker-start', 'pid': 103, 'log': 'worker-0-1.log', 't': took - 10},
+        {'kind': 'kill', 'pid': 101, 'horses': [201], 't': took + 0.1},
+        {'kind': 'freeze', 'pid': 103, 'horses': [], 't': took - 5},
+    ]
+    (tmp_path / 'worker-1-1.log').write_text("18:56:19 Worker w1: chaos: jobs.work('h1', 0.1) (h1)\n")
+    (tmp_path / 'worker-2-1.log').write_text(
+        "18:56:24 Worker w2: chaos: jobs.work('h1', 0.1) (h1)\n18:56:24 Worker w2: chaos: Job OK (h1)\n"
+    )
+    # a sweep's line names the job too, but the sweeping worker never held it
+    (tmp_path / 'worker-0-1.log').write_text('18:56:24 sweep: job h1 queue chaos verdict recovered stalled 1/2\n')
+    takes = read_takes(tmp_path, events)
+    assert sorted({pid for pid, _ in takes['h1']}) == [101, 102]
+    ran = [Attempt(1, 202, 102, took + 5, took + 5.2)]
+    assert held_faults(ran, takes['h1'], events) == 1
+    job = JobAudit('h1', 'healthy', 'finished', 'finished', ran, 0, 1, 0, 0, 1, '', 'finished', held_faults=1)
+    assert check_invariants([job], Config()) == []
+    assert check_invariants([replace(job, held_faults=0)], Config()) == [
+        'h1: 1 counted stall(s) but only 0 kill/freeze of its workers'
+    ]
+    # a fault before the worker took the job does not count
+    (tmp_path / 'worker-1-1.log').write_text("18:56:21 Worker w1: chaos: jobs.work('h1', 0.1) (h1)\n")
+    assert held_faults(ran, read_takes(tmp_path, events)['h1'], events) == 0
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +102,48 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
     return 'unexplained'
 
 
+#: A worker's log line about a job it holds: RQ's line when it takes the job, and its outcome
+#: lines ("<time> Worker <name>: <queue>: <description> (<job id>)", "... Job OK (<job id>)").
+_HELD_LINE = re.compile(r'^(\d\d):(\d\d):(\d\d) Worker \S+: .*\(([^()\s]+)\)$')
+
+
+def read_takes(folder: Path, events: list[dict[str, Any]]) -> dict[str, list[tuple[int, int]]]:
+    """(worker pid, second of the day in local time) of each line in which a worker names a
+    job it holds, by job id; from the workers' logs, named in the harness's worker-start events."""
+    pids = {e['log']: e['pid'] for e in events if e['kind'] == 'worker-start' and e.get('log')}
+    takes: dict[str, list[tuple[int, int]]] = {}
+    for log in sorted(folder.glob('worker-*.log')):
+        pid = pids.get(log.name)
+        if pid is None:
+            continue
+        for line in log.read_text(errors='replace').splitlines():
+            match = _HELD_LINE.match(line.strip())
+            if match:
+                h, m, sec, job_id = match.groups()
+                takes.setdefault(job_id, []).append((pid, int(h) * 3600 + int(m) * 60 + int(sec)))
+    return takes
+
+
+def held_faults(attempts: list[Attempt], takes: list[tuple[int, int]], events: list[dict[str, Any]]) -> int:
+    """Kills and freezes of workers that held the job after their log named it, and never began
+    it: at most one per worker, none for a worker with an execution of the job in the ledger
+    (those are the executions' own reasons)."""
+    ran = {a.ppid for a in attempts}
+    hit = 0
+    for pid in sorted({pid for pid, _ in takes} - ran):
+        first = min(second for p, second in takes if p == pid)
+        for e in events:
+            if e['kind'] in ('kill', 'freeze') and e.get('pid') == pid:
+                at = time.localtime(e['t'])
+                second = at.tm_hour * 3600 + at.tm_min * 60 + at.tm_sec
+                if second < first - 43_200:  # the run went past midnight
+                    second += 86_400
+                if second >= first:
+                    hit += 1
+                    break
+    return hit
+
+
 def _failovers(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """Failovers and frozen primaries from the event log, as (start, promoted or thawed) times."""
     out: list[tuple[float, float]] = []
@@ -148,6 +192,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
     """Read the final state of every job and attribute its executions."""
     attempts, callbacks, ledger_lines = read_ledger(run.ledger)
     events = run.recorder.events
+    takes = read_takes(run.folder, events)
     queued: set[str] = set()
     intermediate: set[str] = set()
     wip: set[str] = set()
@@ -240,6 +285,7 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
                 failure=failure,
                 where=where,
                 worker_results=worker_results,
+                held_faults=held_faults(job_attempts, takes.get(spec.id, []), events),
             )
         )
     violations: list[str] = []
@@ -292,7 +338,7 @@ def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
         if job.stale_outcomes:
             out.append(f'{job.id}: {job.stale_outcomes} outcome(s) of a superseded execution landed')
         if job.kind == 'healthy':
-            hits = sum(1 for a in job.attempts[:-1] if a.reason in ('kill', 'freeze'))
+            hits = sum(1 for a in job.attempts[:-1] if a.reason in ('kill', 'freeze')) + job.held_faults
             if job.stalled > hits:
                 out.append(f'{job.id}: {job.stalled} counted stall(s) but only {hits} kill/freeze of its workers')
     return out

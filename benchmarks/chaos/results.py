@@ -38,6 +38,9 @@ class JobAudit:
     #: Results written by a worker's execution (RQ records the worker's name on them);
     #: a sweep's dead letter and stock's abandoned-job failure carry none.
     worker_results: int = 0
+    #: Kills and freezes of workers that took the job (their log names it) but never began it
+    #: (no execution of theirs in the ledger): a worker hit between its take and its horse.
+    held_faults: int = 0
 
     @property
     def stale_outcomes(self) -> int:
