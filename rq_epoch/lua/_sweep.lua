@@ -44,44 +44,40 @@ local function field(s)
   return (string.gsub(s, '[ \n%%]', function(c) return string.format('%%%02X', string.byte(c)) end))
 end
 
--- The lease_epoch field as written, checked once per distinct stamp of a call (a batch
--- holds a few).
-local epoch_fields = {}
-local function epoch_field(s)
-  local written = epoch_fields[s]
-  if not written then
-    written = field(s)
-    epoch_fields[s] = written
+-- memo[value], made by make(value) the first time a call asks for it (a batch holds a few
+-- distinct stamps and counts, so each is checked, parsed or formatted once per call).
+local function once(memo, value, make)
+  local made = memo[value]
+  if made == nil then
+    made = make(value)
+    memo[value] = made
   end
-  return written
+  return made
 end
 
--- A job field written by hand may hold anything ('2.5', 'nan', '1e300'). Each distinct text
--- is parsed once per call: read_counts maps it to its whole number, or to false.
+-- The lease_epoch field as written.
+local epoch_fields = {}
+local function epoch_field(s) return once(epoch_fields, s, field) end
+
+-- A job field written by hand may hold anything ('2.5', 'nan', '1e300'): its whole number
+-- from 0 to 2^31, or false.
+local function whole_number(text)
+  local n = tonumber(text)
+  if n == nil or n ~= n or n < 0 or n > 2147483648 or n % 1 ~= 0 then return false end
+  return n
+end
+
 local read_counts = {}
 local function count_of(text, least, default)
   if not text then return default end
-  local n = read_counts[text]
-  if n == nil then
-    n = tonumber(text)
-    if n == nil or n ~= n or n < 0 or n > 2147483648 or n % 1 ~= 0 then n = false end
-    read_counts[text] = n
-  end
+  local n = once(read_counts, text, whole_number)
   if not n or n < least then return default end
   return n
 end
 
--- A count as text, formatted once per distinct count of a call (Lua formats a number
--- with sprintf each time it is joined to a string).
+-- A count as text (Lua formats a number with sprintf each time it is joined to a string).
 local count_texts = {}
-local function count_text(n)
-  local text = count_texts[n]
-  if not text then
-    text = tostring(n)
-    count_texts[n] = text
-  end
-  return text
-end
+local function count_text(n) return once(count_texts, n, tostring) end
 
 local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
   stalled, max_stalled, lease_epoch = stalled or 0, max_stalled or 0, lease_epoch or ''
