@@ -236,7 +236,9 @@ def fail_like_rq(conn: redis.Redis, batch: int = CLAIM_BATCH) -> None:
     job has dependents; per job, its ``on_failure`` callback under the death penalty; one
     transaction writes RQ's failure bookkeeping (``record_job_failure``: status, job hash,
     TTLs, FailedJobRegistry, failure Result) and drops the ``wip`` entries; then
-    ``enqueue_dependents`` for the jobs that have dependents. No exception handlers, no
+    RQ's ``enqueue_dependents`` for the jobs that have dependents, in its two steps: on RQ 3
+    each job's dependents moved to the ready registry, then those of the whole batch pushed
+    onto their queues at once. No exception handlers, no
     webhooks, no log lines, no rate-limit slots: those cost nothing here on either side.
     """
     registry = StockStartedJobRegistry(QUEUE, connection=conn)
@@ -266,9 +268,13 @@ def fail_like_rq(conn: redis.Redis, batch: int = CLAIM_BATCH) -> None:
                 compat.record_job_failure(job, 'Moved to FailedJobRegistry, due to AbandonedJobError', pipe)
             pipe.zrem(registry.key, *members)
             pipe.execute()
+        made_ready: dict[str, list[str]] = {}
         for job, has_dependents in failed:
             if has_dependents:
-                queue.enqueue_dependents(job, refresh_job_status=False)
+                for target, job_ids in compat.move_dependents_to_ready(queue, job).items():
+                    made_ready.setdefault(target, []).extend(job_ids)
+        if made_ready:
+            queue.enqueue_ready_jobs_by_queue(made_ready)
 
 
 def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Callable[[], Any]:

@@ -11,7 +11,8 @@ commands inside scripts included), and the speed-up over the matching stock case
 
 ``--repeat R`` runs each rq-epoch and floor case R times at each size, interleaved (floor,
 exempt, recovered, floor, ...), and keeps the median time of each: on a machine shared
-with other work, the ratio to the floor then compares like with like. Stock cases run once.
+with other work, the ratio to the floor then compares like with like. Stock cases run once,
+unless ``--repeat-stock`` repeats them too (the speed-ups then compare medians).
 
 Each case is also shown as a ratio to its floor, measured at the same size: the requeue
 cases to ``floor``, the failing ones to ``dead-floor`` (RQ's own failure side effects,
@@ -60,7 +61,9 @@ def target_for(case: str, n: int) -> float | None:
     return None
 
 
-def run(kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float, repeat: int = 1) -> dict[str, Any]:
+def run(
+    kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float, repeat: int = 1, repeat_stock: bool = False
+) -> dict[str, Any]:
     """Every case at every size; returns the rows for the JSON document."""
     quiet_logging()
     rows: list[dict[str, Any]] = []
@@ -73,7 +76,12 @@ def run(kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float,
             done: dict[str, Outcome] = {}
             pending: list[dict[str, Any]] = []
             ordered = cases_in_order(cases)
-            repeated = [c for c in ordered if CASES[c].side != STOCK]
+            repeated = [
+                c
+                for c in ordered
+                if CASES[c].side != STOCK
+                or (repeat_stock and not _too_long(_estimate(last.get(c), n), stock_limit, repeat))
+            ]
             runs: dict[str, list[Outcome]] = {c: [] for c in repeated}
             for _ in range(max(1, repeat) - 1):  # the extra rounds, interleaved
                 for case in repeated:
@@ -105,6 +113,11 @@ def _median(outcomes: list[Outcome]) -> Outcome:
         chosen.extra['runs_seconds'] = [round(o.seconds, 4) for o in outcomes]
         chosen.ok = all(o.ok for o in outcomes)
     return chosen
+
+
+def _too_long(estimate: float | None, limit: float, runs: int) -> bool:
+    """Whether a stock case run ``runs`` times would pass the time limit."""
+    return estimate is not None and estimate * runs > limit
 
 
 def _estimate(previous: Outcome | None, n: int) -> float | None:
@@ -189,10 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument('--stock-limit', type=float, default=180.0, help='skip a stock case estimated to take longer (s)')
     p.add_argument('--repeat', type=int, default=1, help='runs of each rq-epoch and floor case; the median is kept')
+    p.add_argument(
+        '--repeat-stock', action='store_true', help='with --repeat: run the stock cases as often (within --stock-limit)'
+    )
     args = p.parse_args(argv)
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     cases = [c for c in args.cases.split(',') if c]
-    result = run(args.server, sizes, cases, args.stock_limit, args.repeat)
+    result = run(args.server, sizes, cases, args.stock_limit, args.repeat, args.repeat_stock)
     print()
     print(render(result['rows']))
     write_results(NAME, {'quick': args.quick, **result}, args.out)

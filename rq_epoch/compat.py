@@ -11,12 +11,14 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from rq.job import JobStatus
+from rq.queue import Queue as RQQueue
 from rq.registry import BaseRegistry, DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry
 from rq.worker import Worker as RQWorker
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
     from rq.job import Job
+    from rq.queue import Queue
     from rq.timeouts import BaseDeathPenalty
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     'RQ_KEY_PREFIX',
     'RateLimitRegistry',
     'execute_failure_callback',
+    'move_dependents_to_ready',
     'record_job_failure',
     'release_rate_limit_slot',
     'optional_text',
@@ -51,6 +54,9 @@ try:
 except ImportError:  # RQ 2.x
     RateLimitRegistry = None
     MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
+
+#: RQ's own ``Queue.enqueue_dependents`` (a queue class that overrides it is called as it is).
+_STOCK_ENQUEUE_DEPENDENTS = RQQueue.enqueue_dependents
 
 #: RQ 3's ``Worker.get_heartbeat_ttl`` takes the job's working time; RQ 2's does not.
 HEARTBEAT_TTL_TAKES_WORKING_TIME = 'working_time' in inspect.signature(RQWorker.get_heartbeat_ttl).parameters
@@ -97,6 +103,23 @@ def record_job_failure(job: Job, exc_string: str, pipeline: Pipeline) -> None:
         job._handle_failure(exc_string, pipeline)
     else:
         record(job, exc_string, pipeline)
+
+
+def move_dependents_to_ready(queue: Queue, job: Job) -> dict[str, list[str]]:
+    """RQ 3's first half of ``queue.enqueue_dependents(job)``: the job's dependents that may run
+    now, moved to their ReadyJobRegistry; returns their ids by queue name, for
+    ``queue.enqueue_ready_jobs_by_queue``, the second half.
+
+    RQ 2 enqueues dependents in one step (and so does a queue class that overrides
+    ``enqueue_dependents``): done here in full, returning nothing left to enqueue.
+    The job's status is not read again (the caller has just failed it).
+    """
+    move = getattr(queue, 'move_dependents_to_ready', None)
+    if move is None or type(queue).enqueue_dependents is not _STOCK_ENQUEUE_DEPENDENTS:
+        queue.enqueue_dependents(job, refresh_job_status=False)
+        return {}
+    moved: dict[str, list[str]] = move(job, refresh_job_status=False)
+    return moved
 
 
 def release_rate_limit_slot(job: Job) -> None:

@@ -102,8 +102,10 @@ class DeadLetters:
 
         One round trip reads every job hash (its stall epochs included) and whether the job
         has dependents; callbacks and handlers run per job, dependents only for jobs that
-        have some; one transaction then writes every failure Result and removes the
-        finishing entries, so each Result exists exactly once. If one of the jobs' hashes
+        have some (on RQ 3, the dependents every job of the batch made ready are pushed onto
+        their queues together, see :meth:`_enqueue_ready`); one transaction then writes every
+        failure Result and removes the finishing entries, so each Result exists exactly once.
+        If one of the jobs' hashes
         changes meanwhile (someone else wrote its outcome), the batch falls back to one
         transaction per job (see :meth:`_record_failures`).
         """
@@ -118,6 +120,7 @@ class DeadLetters:
         ready: list[tuple[str, Job, str]] = []
         moot = []
         queues: dict[str, Queue] = {}
+        made_ready: dict[str, dict[str, list[str]]] = {}
         for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
             job = self._restore(job_id, replies[2 * i])
             if job is None or job.get_status(refresh=False) != JobStatus.FAILED:
@@ -126,8 +129,9 @@ class DeadLetters:
             epochs = _field(replies[2 * i], 'stall_epochs') or ''
             reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs)
             queue_name = member.split('|', 1)[0]
-            self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), queues)
+            self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), queues, made_ready)
             ready.append((member, job, reason))
+        self._enqueue_ready(queues, made_ready)
         if moot:
             self.connection.zrem(finishing, *moot)
         recorded = self._record_failures(ready)
@@ -149,8 +153,20 @@ class DeadLetters:
         return job
 
     def _side_effects(
-        self, job: Job, queue_name: str, reason: str, has_dependents: bool, queues: dict[str, Queue] | None = None
+        self,
+        job: Job,
+        queue_name: str,
+        reason: str,
+        has_dependents: bool,
+        queues: dict[str, Queue] | None = None,
+        made_ready: dict[str, dict[str, list[str]]] | None = None,
     ) -> None:
+        """The job's ``on_failure`` callback, the exception handlers, and its dependents.
+
+        With ``made_ready`` (a batch), dependents that RQ 3 moves to their ReadyJobRegistry
+        are added to it, per queue of the dead letter, for :meth:`_enqueue_ready`; without
+        it, or where they cannot wait, they are enqueued at once.
+        """
         error = StalledJobError(reason)
         self._run_failure_callback(job, error)
         for handler in self.exception_handlers:
@@ -169,9 +185,28 @@ class DeadLetters:
                     queues[queue_name] = queue
             try:
                 # The job's status was read after the sweep script failed it: no need to read it again.
-                queue.enqueue_dependents(job, refresh_job_status=False)
+                if made_ready is None:
+                    queue.enqueue_dependents(job, refresh_job_status=False)
+                else:
+                    moved = compat.move_dependents_to_ready(queue, job)
+                    for target, job_ids in moved.items():
+                        made_ready.setdefault(queue_name, {}).setdefault(target, []).extend(job_ids)
             except Exception:
                 logger.exception('sweep: could not enqueue dependents of job %s', job.id)
+
+    def _enqueue_ready(self, queues: dict[str, Queue], made_ready: dict[str, dict[str, list[str]]]) -> None:
+        """Push the dependents a batch's dead letters made ready onto their queues (RQ 3).
+
+        RQ's ``enqueue_dependents`` is these two steps per job, the second one reading and
+        pushing each job's dependents on its own; a batch pushes them once per queue. A
+        dependent left in a ReadyJobRegistry (a sweeper that dies in between) is enqueued by
+        RQ's maintenance of that registry, as when RQ's own second step is interrupted.
+        """
+        for queue_name, by_target in made_ready.items():
+            try:
+                queues[queue_name].enqueue_ready_jobs_by_queue(by_target)  # type: ignore[attr-defined]  # RQ 3
+            except Exception:
+                logger.exception('sweep: could not enqueue the dependents made ready by dead letters of %s', queue_name)
 
     def _record_failures(self, ready: list[tuple[str, Job, str]]) -> set[str]:
         """One transaction for the batch; job by job if one of its jobs changed meanwhile.

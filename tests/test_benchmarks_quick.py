@@ -74,6 +74,19 @@ def test_sweep_benchmark_runs_on_other_servers(kind: str, tmp_path: Path) -> Non
     assert all(row['ok'] for row in doc['rows'])
 
 
+def test_sweep_benchmark_repeats_stock_cases_only_when_asked(tmp_path: Path) -> None:
+    cases = ('--cases', 'stock-fail,dead,dead-floor', '--repeat', '2')
+    once = run_quick('sweep_vs_cleanup', tmp_path / 'once.json', *cases)
+    again = run_quick('sweep_vs_cleanup', tmp_path / 'again.json', *cases, '--repeat-stock')
+    runs = {doc_name: {row['case']: len(row['extra'].get('runs_seconds', [0])) for row in doc['rows']}
+            for doc_name, doc in (('once', once), ('again', again))}
+    assert runs == {
+        'once': {'stock-fail': 1, 'dead': 2, 'dead-floor': 2},
+        'again': {'stock-fail': 2, 'dead': 2, 'dead-floor': 2},
+    }
+    assert all(row['ok'] for row in once['rows'] + again['rows'])
+
+
 def test_sweep_anatomy_interleaved_calls_every_variant_on_one_set_of_leases(tmp_path: Path) -> None:
     doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave')
     assert doc['interleave'] is True

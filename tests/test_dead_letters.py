@@ -261,3 +261,47 @@ def test_concurrent_sweepers_finish_each_dead_letter_once(conn, server) -> None:
         if registry_class.__name__ == 'ReadyJobRegistry':
             registry_class('crowd', connection=conn).cleanup()
     assert sorted(queue.get_job_ids()) == sorted(dependents)
+
+
+def _dead_letters_with_dependents(conn, queue: Queue, n: int, every: int) -> tuple[list[str], list[str]]:
+    job_ids = [start_job(conn, queue, max_stalled=1)[0].id for _ in range(n)]
+    dependents = [
+        queue.enqueue('tests.jobs.add', 1, 1, depends_on=Dependency(jobs=[parent], allow_failure=True)).id
+        for parent in job_ids[::every]
+    ]
+    return job_ids, dependents
+
+
+def test_a_batch_of_dead_letters_enqueues_every_dependent_it_made_ready(conn) -> None:
+    """On RQ 3 the dependents of a batch are moved to the ready registry job by job and
+    pushed together: none may be left behind, none pushed twice."""
+    queue = Queue('batch', connection=conn)
+    job_ids, dependents = _dead_letters_with_dependents(conn, queue, 60, 4)
+    report = Sweeper(conn, restart_grace=0).sweep(['batch'])
+    assert sorted(report.finished) == sorted(job_ids)
+    assert sorted(queue.get_job_ids()) == sorted(dependents)  # each once, no cleanup of the ready registry needed
+    for registry_class in compat.MAINTAINED_REGISTRIES:
+        if registry_class.__name__ == 'ReadyJobRegistry':
+            assert registry_class('batch', connection=conn).get_job_ids() == []
+    assert {Job.fetch(d, connection=conn).get_status() for d in dependents} == {JobStatus.QUEUED}
+
+
+class CountingQueue(Queue):
+    parents: list[str] = []
+
+    def enqueue_dependents(self, job, *args, **kwargs):  # type: ignore[no-untyped-def]
+        CountingQueue.parents.append(job.id)
+        return super().enqueue_dependents(job, *args, **kwargs)
+
+
+class CountingSweeper(Sweeper):
+    queue_class = CountingQueue
+
+
+def test_a_queue_class_that_overrides_enqueue_dependents_is_called_for_each_dead_letter_with_dependents(conn) -> None:
+    queue = Queue('counted', connection=conn)
+    job_ids, dependents = _dead_letters_with_dependents(conn, queue, 12, 3)
+    CountingQueue.parents = []
+    CountingSweeper(conn, restart_grace=0).sweep(['counted'])
+    assert sorted(CountingQueue.parents) == sorted(job_ids[::3])
+    assert sorted(queue.get_job_ids()) == sorted(dependents)
