@@ -144,7 +144,10 @@ class DeadLetters:
         """The job read from its hash as ``Job.fetch_many`` makes it; None if it is gone or unreadable."""
         if not raw:
             return None
-        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        job = self.job_class(job_id, connection=self.connection)
+        # Resolved once by the sweeper: RQ's Job resolves a serializer it is given again, with
+        # a runtime protocol check that costs more than the rest of the job object.
+        job.serializer = self.serializer
         try:
             job.restore(raw)
         except Exception:
