@@ -507,9 +507,11 @@ def run_interleaved(
     rounds: int = 1,
     floors_only: bool = False,
     verdict: str = 'exempt',
+    server_config: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
+    config.update(server_config or {})
     if side_by_side:
         with ExitStack() as stack:
             conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
@@ -536,6 +538,7 @@ def run_interleaved(
         'rounds': rounds,
         'floors_only': floors_only,
         'verdict': verdict,
+        'server_config': dict(server_config or {}),
         'rows': rows,
     }
 
@@ -639,13 +642,29 @@ def main(argv: list[str] | None = None) -> int:
         help='with --interleave: the verdict of the leases the script judges (default exempt); with recovered, '
         'a second set of as many leases, stamped by the running server, while the floors keep the exempt set',
     )
+    p.add_argument(
+        '--server-config',
+        action='append',
+        default=[],
+        metavar='NAME=VALUE',
+        help='with --interleave: one more setting of the server (repeatable), e.g. hash-max-listpack-entries=0',
+    )
     args = p.parse_args(argv)
     quiet_logging()
     interleave_only = (
         args.ballast or args.no_aof or args.side_by_side or args.rounds != 1 or args.floors_only
-    ) or args.verdict != 'exempt'
+    ) or args.verdict != 'exempt' or bool(args.server_config)
     if interleave_only and not args.interleave:
-        p.error('--ballast, --no-aof, --side-by-side, --rounds, --floors-only and --verdict apply to --interleave only')
+        p.error(
+            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict and --server-config '
+            'apply to --interleave only'
+        )
+    server_config = {}
+    for setting in args.server_config:
+        name, sep, value = setting.partition('=')
+        if not sep or not name:
+            p.error(f'--server-config takes NAME=VALUE, got {setting!r}')
+        server_config[name] = value
     if args.rounds < 1:
         p.error(f'--rounds must be 1 or more, got {args.rounds}')
     if args.ballast < 0:
@@ -669,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             floors_only=args.floors_only,
             verdict=args.verdict,
+            server_config=server_config,
         )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)

@@ -107,8 +107,18 @@ def test_sweep_anatomy_side_by_side_measures_every_size_at_the_same_moments(tmp_
 
 
 def test_sweep_anatomy_ballast_adds_jobs_that_no_variant_reads(tmp_path: Path) -> None:
-    doc = run_quick('sweep_anatomy', tmp_path / 'anatomy.json', '--interleave', '--ballast', '500', '--no-aof')
+    doc = run_quick(
+        'sweep_anatomy',
+        tmp_path / 'anatomy.json',
+        '--interleave',
+        '--ballast',
+        '500',
+        '--no-aof',
+        '--server-config',
+        'hash-max-listpack-entries=0',
+    )
     assert doc['ballast'] == 500 and doc['aof'] is False
+    assert doc['server_config'] == {'hash-max-listpack-entries': '0'}
     assert all(row['ok'] and row['ballast'] == 500 for row in doc['rows'])
 
 
