@@ -105,9 +105,8 @@ class DeadLetters:
         have some (on RQ 3, the dependents every job of the batch made ready are pushed onto
         their queues together, see :meth:`_enqueue_ready`); one transaction then writes every
         failure Result and removes the finishing entries, so each Result exists exactly once.
-        If one of the jobs' hashes
-        changes meanwhile (someone else wrote its outcome), the batch falls back to one
-        transaction per job (see :meth:`_record_failures`).
+        If one of the jobs' hashes changes meanwhile (someone else wrote its outcome), the
+        batch falls back to one transaction per job (see :meth:`_record_failures`).
         """
         finishing = keys.finishing_key()
         ids = [m.split('|', 1)[1] for m in members]
@@ -161,14 +160,15 @@ class DeadLetters:
         queue_name: str,
         reason: str,
         has_dependents: bool,
-        queues: dict[str, Queue] | None = None,
-        made_ready: dict[str, dict[str, list[str]]] | None = None,
+        queues: dict[str, Queue],
+        made_ready: dict[str, dict[str, list[str]]],
     ) -> None:
         """The job's ``on_failure`` callback, the exception handlers, and its dependents.
 
-        With ``made_ready`` (a batch), dependents that RQ 3 moves to their ReadyJobRegistry
-        are added to it, per queue of the dead letter, for :meth:`_enqueue_ready`; without
-        it, or where they cannot wait, they are enqueued at once.
+        ``queues`` keeps the batch's queue objects by name. Dependents that RQ 3 moves to
+        their ReadyJobRegistry are added to ``made_ready`` (per queue of the dead letter) for
+        :meth:`_enqueue_ready`; RQ 2, or a queue class with its own ``enqueue_dependents``,
+        enqueues them at once.
         """
         error = StalledJobError(reason)
         self._run_failure_callback(job, error)
@@ -179,21 +179,15 @@ class DeadLetters:
             except Exception:
                 logger.exception('sweep: exception handler for job %s raised', job.id)
         if has_dependents:
-            queue = None if queues is None else queues.get(queue_name)
+            queue = queues.get(queue_name)
             if queue is None:
-                queue = self.queue_class(
+                queue = queues[queue_name] = self.queue_class(
                     queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
                 )
-                if queues is not None:
-                    queues[queue_name] = queue
             try:
                 # The job's status was read after the sweep script failed it: no need to read it again.
-                if made_ready is None:
-                    queue.enqueue_dependents(job, refresh_job_status=False)
-                else:
-                    moved = compat.move_dependents_to_ready(queue, job)
-                    for target, job_ids in moved.items():
-                        made_ready.setdefault(queue_name, {}).setdefault(target, []).extend(job_ids)
+                for target, job_ids in compat.move_dependents_to_ready(queue, job).items():
+                    made_ready.setdefault(queue_name, {}).setdefault(target, []).extend(job_ids)
             except Exception:
                 logger.exception('sweep: could not enqueue dependents of job %s', job.id)
 
