@@ -496,6 +496,11 @@ def least_interleaved(floors_only: bool = False) -> int:
     return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only))
 
 
+def _settings(conn: redis.Redis, names: dict[str, str] | None) -> dict[str, str]:
+    """The server's own value of each setting named in ``names`` (``--server-config``), read back."""
+    return {name: str(conn.config_get(name).get(name, '')) for name in names or {}}
+
+
 def run_interleaved(
     kind: str,
     sizes: tuple[int, ...],
@@ -516,11 +521,13 @@ def run_interleaved(
         with ExitStack() as stack:
             conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
             version = server_version(conns[sizes[0]])
+            applied = _settings(conns[sizes[0]], server_config)
             rows = _interleaved_sets(conns, seed, ballast, rounds=rounds, floors_only=floors_only, verdict=verdict)
     else:
         with server(kind, **config) as srv:
             conn = srv.client()
             version = server_version(conn)
+            applied = _settings(conn, server_config)
             for n in sizes:
                 rows.extend(
                     _interleaved(conn, n, seed, ballast, rounds=rounds, floors_only=floors_only, verdict=verdict)
@@ -538,7 +545,7 @@ def run_interleaved(
         'rounds': rounds,
         'floors_only': floors_only,
         'verdict': verdict,
-        'server_config': dict(server_config or {}),
+        'server_config': applied,
         'rows': rows,
     }
 

@@ -257,10 +257,14 @@ def test_concurrent_sweepers_finish_each_dead_letter_once(conn, server) -> None:
     assert conn.zcard(keys.finishing_key()) == 0
     # RQ 3 parks dependents in its ReadyJobRegistry first; concurrent pushes onto one queue
     # leave some there for the registry's cleanup (a worker's maintenance), as with stock workers.
-    for registry_class in compat.MAINTAINED_REGISTRIES:
-        if registry_class.__name__ == 'ReadyJobRegistry':
-            registry_class('crowd', connection=conn).cleanup()
+    for registry in _ready_registries('crowd', conn):
+        registry.cleanup()
     assert sorted(queue.get_job_ids()) == sorted(dependents)
+
+
+def _ready_registries(name: str, conn) -> list:
+    """RQ 3's ReadyJobRegistry of queue ``name`` (dependents moved there before their push); none on RQ 2."""
+    return [c(name, connection=conn) for c in compat.MAINTAINED_REGISTRIES if c.__name__ == 'ReadyJobRegistry']
 
 
 def _dead_letters_with_dependents(conn, queue: Queue, n: int, every: int) -> tuple[list[str], list[str]]:
@@ -280,9 +284,8 @@ def test_a_batch_of_dead_letters_enqueues_every_dependent_it_made_ready(conn) ->
     report = Sweeper(conn, restart_grace=0).sweep(['batch'])
     assert sorted(report.finished) == sorted(job_ids)
     assert sorted(queue.get_job_ids()) == sorted(dependents)  # each once, no cleanup of the ready registry needed
-    for registry_class in compat.MAINTAINED_REGISTRIES:
-        if registry_class.__name__ == 'ReadyJobRegistry':
-            assert registry_class('batch', connection=conn).get_job_ids() == []
+    for registry in _ready_registries('batch', conn):  # RQ 3 only
+        assert registry.get_job_ids() == []
     assert {Job.fetch(d, connection=conn).get_status() for d in dependents} == {JobStatus.QUEUED}
 
 
