@@ -204,12 +204,16 @@ def test_worker_lost_then_failover_is_finished_once_by_another_worker_never_coun
     job = queue.enqueue('tests.jobs.sleep_and_record', str(log), 'k', 3, max_stalled=1)
     first = f.worker('lost')
     wait_for(lambda: lease_on(client, job, old.run_id()), 30, what='job running')
-    second = f.worker('lost')  # idle on the same queue, sweeping every second
+    # Idle on the same queue, through the failover. Nothing sweeps the old primary between the
+    # kill and the promotion: a failover slower than the lease (the sentinels may refuse it for
+    # a while) would otherwise let a sweep there count the death, rightly, under the old epoch.
+    second = f.worker('lost', env={'RQ_EPOCH_SWEEP_INTERVAL': '3600'})
     wait_for(lambda: 'ubscribing to channel' in second.output(), 30, what='the second worker up')
-    f.cron('lost')
     first.kill()  # worker and work-horse: a machine lost
     _, new = f.topology.failover()
     new_client = new.client()
+    assert new_client.hget(job.key, 'lease_epoch') == old.run_id().encode()  # crossed the failover
+    f.cron('lost')
     wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 40, what='finished by the other worker')
     job = Job.fetch(job.id, connection=new_client)
     assert executions(log, 'k') == (2, 1)
