@@ -57,7 +57,10 @@ pools the calls of every round, for medians that hold still at the smaller size.
 ``--verdict recovered`` has the script judge a second set of as many leases, stamped by the
 running server (each a counted stall with budget left), while the floors requeue the exempt
 set: the floor is the same for both verdicts. The steps' edits remove duties of the exempt
-verdict, so this option is meant with ``--floors-only``.
+verdict, so this option is meant with ``--floors-only``. ``--written-out`` also calls the script
+with its common case written out flat (:data:`WRITTEN_OUT`; with ``--floors-only``, beside the
+script without its duties, :data:`WITHOUT_DUTIES`): what the script's structure costs, apart
+from its duties.
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
@@ -117,7 +120,7 @@ STEPS: tuple[Step, ...] = (
                 "records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '\n"
                 "                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. "
                 "field(member) .. ' '\n                          .. "
-                "(epoch_fields[lease_epoch] or epoch_field(lease_epoch))",
+                '(epoch_fields[lease_epoch] or epoch_field(lease_epoch))',
                 '',
             ),
         ),
@@ -182,6 +185,91 @@ STEPS: tuple[Step, ...] = (
 )
 
 
+#: The flat path of :data:`WRITTEN_OUT`, put before the loop over the leases.
+_JUDGE_LEASE = """\
+-- The common case of a lease, written out: a job that is started, names its execution and
+-- gets exempt or recovered, with no 0.2.0 lease key and the grace over. Anything else is
+-- judged by judge() (given what was read).
+local function members_of(command, key)
+  gather(command, key, false)
+  local members = gathered[key]
+  members[#members] = nil
+  return members
+end
+local lease_drops, entry_drops, pushes
+local function judge_lease(member)
+  if dry or legacy_left or primary.age < grace or member == '' or find(member, ':', 1, true) then
+    return judge(LEASE, member)
+  end
+  local job_key = prefix .. ':job:' .. member
+  local f = rpcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
+                   'exempt_recoveries', 'stall_epochs')
+  local exec_id = f[5]
+  if f.err or f[1] ~= 'started' or not exec_id then return judge(LEASE, member, f) end
+  local epoch = f[2]
+  local counted = epoch and epoch == run_id
+  local stalled = count_of(f[3], 0, 0)
+  local max_stalled = count_of(f[4], 1, default_max)
+  if counted and stalled + 1 >= max_stalled then return judge(LEASE, member, f) end
+  local rq_member = member .. ':' .. exec_id
+  lease_drops[#lease_drops + 1] = member
+  entry_drops[#entry_drops + 1] = rq_member
+  local execution_key = prefix .. ':execution:' .. rq_member
+  local worker_name = rcall('HGET', execution_key, 'worker_name')
+  gathered_dels[#gathered_dels + 1] = execution_key
+  rcall('ZREM', prefix .. ':executions:' .. member, exec_id)
+  if worker_name and worker_name ~= '' then
+    gather('SREM', prefix .. ':worker:' .. worker_name .. ':executions', rq_member)
+  end
+  if counted then
+    stalled = stalled + 1
+    local epochs = f[7]
+    if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
+    rcall('HSET', job_key, 'status', 'queued', 'started_at', '', 'stalled', stalled, 'stall_epochs', epochs,
+          'taken:' .. exec_id, 'recovered')
+    pushes[#pushes + 1] = member
+    return record(member, 'recovered', stalled, max_stalled, epoch, false)
+  end
+  rcall('HSET', job_key, 'status', 'queued', 'started_at', '', 'exempt_recoveries', (tonumber(f[6]) or 0) + 1,
+        'taken:' .. exec_id, 'exempt')
+  pushes[#pushes + 1] = member
+  return record(member, 'exempt', stalled, max_stalled, epoch, false)
+end
+
+"""
+
+#: ``--written-out``: the script with a second, flat path for the common case (a started lease
+#: that gets exempt or recovered, the grace over, no 0.2.0 lease key), as edits of the script
+#: like the steps'; everything else still goes to the verdict function, given what was read.
+#: It measures what the script's structure costs; the product keeps one verdict function.
+WRITTEN_OUT = Step(
+    'written out',
+    (
+        ('local function judge(kind, member)', 'local function judge(kind, member, read)'),
+        (
+            "  local f = rpcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', "
+            "'lease_execution',",
+            "  local f = read or rpcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled',\n"
+            "                                'lease_execution',",
+        ),
+        (
+            'for _, member in ipairs(leases) do judge(LEASE, member) end',
+            _JUDGE_LEASE
+            + "lease_drops, entry_drops, pushes = members_of('ZREM', leases_key), members_of('ZREM', wip_key), "
+            "members_of('LPUSH', queue_key)\n"
+            'for _, member in ipairs(leases) do judge_lease(member) end\n'
+            'if #pushes > 0 and not registered[queue_key] then\n'
+            "  rcall('SADD', prefix .. ':queues', queue_key)\n"
+            '  registered[queue_key] = true\n'
+            'end',
+        ),
+    ),
+)
+#: With ``--written-out --floors-only``, the step of the anatomy called beside the script: every
+#: duty removed but the counters (which the run check of ``--verdict recovered`` reads).
+WITHOUT_DUTIES = '- stock entries'
+
+
 def variants() -> list[tuple[str, str]]:
     """(label, source) of each cumulative variant of the sweep script, starting with the script itself.
 
@@ -191,12 +279,22 @@ def variants() -> list[tuple[str, str]]:
     source = scripts.sweep().source
     out = [('script alone', source)]
     for step in STEPS:
-        for old, new in step.edits:
-            if source.count(old) != 1:
-                raise ValueError(f'step {step.label!r}: expected exactly one {old!r} in sweep.lua')
-            source = source.replace(old, new)
+        source = _edited(source, step)
         out.append((step.label, source))
     return out
+
+
+def _edited(source: str, step: Step) -> str:
+    for old, new in step.edits:
+        if source.count(old) != 1:
+            raise ValueError(f'step {step.label!r}: expected exactly one {old!r} in sweep.lua')
+        source = source.replace(old, new)
+    return source
+
+
+def written_out() -> tuple[str, str]:
+    """(label, source) of :data:`WRITTEN_OUT`."""
+    return WRITTEN_OUT.label, _edited(scripts.sweep().source, WRITTEN_OUT)
 
 
 def _bare_loop(conn: redis.Redis, sha: str, n: int) -> Callable[[], int]:
@@ -333,12 +431,19 @@ def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0, **optio
     return _interleaved_sets({n: conn}, seed, ballast, **options)
 
 
-def _sources(floors_only: bool = False) -> list[tuple[str, str]]:
-    """(label, source) of every script an interleaved run calls: the variants and the floors."""
+def _sources(floors_only: bool = False, with_written_out: bool = False) -> list[tuple[str, str]]:
+    """(label, source) of every script an interleaved run calls: the variants and the floors.
+
+    With ``with_written_out``, :data:`WRITTEN_OUT` after the script's variants (and, with
+    ``floors_only``, the :data:`WITHOUT_DUTIES` step beside it)."""
+    extra = [written_out()] if with_written_out else []
     if floors_only:
-        return [variants()[0], ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]
+        if with_written_out:
+            extra += [v for v in variants() if v[0] == WITHOUT_DUTIES]
+        return [variants()[0], *extra, ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]
     return [
         *variants(),
+        *extra,
         ('floor', FLOOR_SCRIPT),
         (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT),
         (READ_AND_DROP, READ_AND_DROP_SCRIPT),
@@ -353,13 +458,14 @@ def _interleaved_sets(
     rounds: int = 1,
     floors_only: bool = False,
     verdict: str = 'exempt',
+    with_written_out: bool = False,
 ) -> list[dict[str, Any]]:
     """One set of expired leases per entry of ``conns`` (size: a server of its own), every
     variant on every set called in turn, a batch per call, until one set runs out; ``rounds``
     times, each on sets made again, the calls of every round pooled. With ``verdict`` 'recovered'
     the script variants judge a second set of as many leases, stamped by the running server."""
     batch = Sweeper(next(iter(conns.values()))).settings.batch_size
-    sources = _sources(floors_only)
+    sources = _sources(floors_only, with_written_out)
     labels = [label for label, _ in sources]
     walls: dict[tuple[int, str], list[float]] = {(n, label): [] for n in conns for label in labels}
     servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
@@ -491,9 +597,9 @@ def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int, queue: str =
     return lambda: conn.evalsha(sha, len(sweep_keys), *sweep_keys, *args)
 
 
-def least_interleaved(floors_only: bool = False) -> int:
+def least_interleaved(floors_only: bool = False, with_written_out: bool = False) -> int:
     """The fewest leases that give every variant two full batches with ``--interleave``."""
-    return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only))
+    return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only, with_written_out))
 
 
 def _settings(conn: redis.Redis, names: dict[str, str] | None) -> dict[str, str]:
@@ -513,6 +619,7 @@ def run_interleaved(
     floors_only: bool = False,
     verdict: str = 'exempt',
     server_config: dict[str, str] | None = None,
+    with_written_out: bool = False,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
@@ -522,7 +629,15 @@ def run_interleaved(
             conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
             version = server_version(conns[sizes[0]])
             applied = _settings(conns[sizes[0]], server_config)
-            rows = _interleaved_sets(conns, seed, ballast, rounds=rounds, floors_only=floors_only, verdict=verdict)
+            rows = _interleaved_sets(
+                conns,
+                seed,
+                ballast,
+                rounds=rounds,
+                floors_only=floors_only,
+                verdict=verdict,
+                with_written_out=with_written_out,
+            )
     else:
         with server(kind, **config) as srv:
             conn = srv.client()
@@ -530,7 +645,16 @@ def run_interleaved(
             applied = _settings(conn, server_config)
             for n in sizes:
                 rows.extend(
-                    _interleaved(conn, n, seed, ballast, rounds=rounds, floors_only=floors_only, verdict=verdict)
+                    _interleaved(
+                        conn,
+                        n,
+                        seed,
+                        ballast,
+                        rounds=rounds,
+                        floors_only=floors_only,
+                        verdict=verdict,
+                        with_written_out=with_written_out,
+                    )
                 )
     first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
     for r in rows:
@@ -544,6 +668,7 @@ def run_interleaved(
         'aof': aof,
         'rounds': rounds,
         'floors_only': floors_only,
+        'written_out': with_written_out,
         'verdict': verdict,
         'server_config': applied,
         'rows': rows,
@@ -650,6 +775,12 @@ def main(argv: list[str] | None = None) -> int:
         'a second set of as many leases, stamped by the running server, while the floors keep the exempt set',
     )
     p.add_argument(
+        '--written-out',
+        action='store_true',
+        help='with --interleave: also call the script with its common case written out flat (and, with '
+        "--floors-only, the script without its duties): what the script's structure costs",
+    )
+    p.add_argument(
         '--server-config',
         action='append',
         default=[],
@@ -659,12 +790,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     quiet_logging()
     interleave_only = (
-        args.ballast or args.no_aof or args.side_by_side or args.rounds != 1 or args.floors_only
-    ) or args.verdict != 'exempt' or bool(args.server_config)
+        (args.ballast or args.no_aof or args.side_by_side or args.rounds != 1 or args.floors_only)
+        or args.verdict != 'exempt'
+        or bool(args.server_config)
+        or args.written_out
+    )
     if interleave_only and not args.interleave:
         p.error(
-            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict and --server-config '
-            'apply to --interleave only'
+            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict, --written-out and '
+            '--server-config apply to --interleave only'
         )
     server_config = {}
     for setting in args.server_config:
@@ -680,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeat is not None:
             p.error('--repeat does not apply to --interleave: every variant is called until the leases run out')
         sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
-        least = least_interleaved(args.floors_only)
+        least = least_interleaved(args.floors_only, args.written_out)
         if min(sizes) < least:
             p.error(f'--interleave needs at least {least} leases per size (two batches per variant)')
         if args.side_by_side and (len(sizes) < 2 or len(set(sizes)) != len(sizes)):
@@ -696,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
             floors_only=args.floors_only,
             verdict=args.verdict,
             server_config=server_config,
+            with_written_out=args.written_out,
         )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)

@@ -78,8 +78,10 @@ def test_sweep_benchmark_repeats_stock_cases_only_when_asked(tmp_path: Path) -> 
     cases = ('--cases', 'stock-fail,dead,dead-floor', '--repeat', '2')
     once = run_quick('sweep_vs_cleanup', tmp_path / 'once.json', *cases)
     again = run_quick('sweep_vs_cleanup', tmp_path / 'again.json', *cases, '--repeat-stock')
-    runs = {doc_name: {row['case']: len(row['extra'].get('runs_seconds', [0])) for row in doc['rows']}
-            for doc_name, doc in (('once', once), ('again', again))}
+    runs = {
+        doc_name: {row['case']: len(row['extra'].get('runs_seconds', [0])) for row in doc['rows']}
+        for doc_name, doc in (('once', once), ('again', again))
+    }
     assert runs == {
         'once': {'stock-fail': 1, 'dead': 2, 'dead-floor': 2},
         'again': {'stock-fail': 2, 'dead': 2, 'dead-floor': 2},
@@ -147,6 +149,31 @@ def test_sweep_anatomy_recovered_verdicts_are_judged_beside_the_floors_exempt_se
     assert doc['verdict'] == 'recovered'
     # ok: every lease the script judged was counted as recovered, the floors requeued their own set
     assert all(row['ok'] and row['verdict'] == 'recovered' and row['calls'] >= 2 for row in doc['rows'])
+
+
+def test_sweep_anatomy_written_out_judges_as_the_script_does(tmp_path: Path) -> None:
+    for verdict in ('exempt', 'recovered'):
+        doc = run_quick(
+            'sweep_anatomy',
+            tmp_path / f'{verdict}.json',
+            '--interleave',
+            '--sizes',
+            '600',
+            '--floors-only',
+            '--written-out',
+            '--verdict',
+            verdict,
+        )
+        assert doc['written_out'] is True
+        assert [row['step'] for row in doc['rows']] == [
+            'script alone',
+            'written out',
+            '- stock entries',
+            'floor',
+            'floor, gathered',
+        ]
+        # ok: every lease requeued, and with recovered every one counted as recovered
+        assert all(row['ok'] and row['calls'] >= 2 for row in doc['rows']), doc['rows']
 
 
 def test_report_renders_every_section(results_dir: Path) -> None:
