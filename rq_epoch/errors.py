@@ -15,6 +15,11 @@ __all__ = [
 ]
 
 
+#: What a worker rides out: the server does not answer, or answers that it takes no writes now
+#: (:class:`ServerOutageError` is a ``ConnectionError``).
+CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
 class RqEpochError(Exception):
     """Base class of every error rq-epoch raises."""
 

@@ -9,7 +9,8 @@ the work-horse when a sweep took the lease.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis.exceptions
 from rq.job import Job as RQJob
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from .failover import PrimaryWatch
 
 __all__ = ['Heartbeats']
+
+T = TypeVar('T')
 
 
 class Heartbeats(FencedOutcomes):
@@ -93,7 +96,26 @@ class Heartbeats(FencedOutcomes):
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
         if leased.fence is None and execution is not None and execution.job_id == job.id:
             leased.fence = Fence(job.origin, job.id, execution.id)
+        leased.ride_out = lambda call: self.ride_out_before_function(job, call)
         return bool(super().perform_job(job, queue, *args, **kwargs))
+
+    def ride_out_before_function(self, job: RQJob, call: Callable[[], T]) -> T:
+        """Run ``call`` (the job's ``perform``), again after a server outage that came before the function started.
+
+        The job has not run yet, as in :meth:`prepare_job_execution`: a connection error must
+        not fail it. Attempts go on with backoff for up to :attr:`outcome_retry_limit` seconds,
+        while the worker keeps heartbeating (and stops this work-horse if a sweep takes the
+        lease). The job's timeout keeps running meanwhile.
+        """
+        give_up = time.monotonic() + self.outcome_retry_limit
+
+        def unreachable(exc: Exception, attempt: int) -> None:
+            if attempt == 0:
+                self.log.warning(
+                    'Worker %s: server unreachable before job %s started (%s); retrying', self.name, job.id, exc
+                )
+
+        return self.with_backoff(call, give_up, unreachable)
 
     def prepare_job_execution(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """RQ's preparation in the work-horse (status "started"), riding out a server outage.

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rq.job import Job as RQJob
 
 from .compat import optional_text
-from .errors import ConfigurationError
+from .errors import CONNECTION_ERRORS, ConfigurationError
 
 if TYPE_CHECKING:
     from .fence import Fence
@@ -73,6 +74,10 @@ class EpochJobMixin(_MixinBase):
     #: True once the fence refused this process's outcome of the job.
     outcome_refused: bool = False
     _heartbeat_registry: StartedJobRegistry | None = None
+    #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
+    #: server outage that came before the job function started. None: RQ's behaviour.
+    ride_out: Callable[[Callable[[], Any]], Any] | None = None
+    _function_started: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease_epoch = None
@@ -117,6 +122,39 @@ class EpochJobMixin(_MixinBase):
         if self._max_stalled is not None:
             data['max_stalled'] = self._max_stalled
         return data
+
+    # -- running ----------------------------------------------------------------------
+
+    def perform(self) -> Any:
+        """Run the job as RQ does; a server outage before the job function starts does not fail it.
+
+        RQ 2's ``Job.perform`` removes the job key's expiry (``PERSIST``) before it calls the
+        function, and a job class may make server calls of its own there. A connection error
+        in that step is not the job's: with :attr:`ride_out` set (rq-epoch's workers set it)
+        it is tried again with the worker's backoff, and ``perform`` runs again from the
+        start. Once the function has started, its errors are its own and fail the job as in
+        RQ.
+        """
+        ride_out = self.ride_out
+        if ride_out is None:
+            return super().perform()
+        try:
+            return ride_out(self._perform_once)
+        except _RaisedByFunction as raised:
+            raise raised.error from None
+
+    def _perform_once(self) -> Any:
+        self._function_started = False
+        try:
+            return super().perform()
+        except CONNECTION_ERRORS as exc:
+            if self._function_started:
+                raise _RaisedByFunction(exc) from exc
+            raise
+
+    def _execute(self) -> Any:
+        self._function_started = True
+        return super()._execute()  # type: ignore[misc]
 
     # -- fenced side effects ----------------------------------------------------------
 
@@ -203,6 +241,14 @@ class EpochJobMixin(_MixinBase):
 
     def __hash__(self) -> int:
         return hash(self.id)
+
+
+class _RaisedByFunction(Exception):
+    """Carries a connection error that the job function raised past the ride-out's retries."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class Job(EpochJobMixin, RQJob):

@@ -12,12 +12,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis.exceptions
 from rq.job import Job as RQJob
 from rq.worker import Worker as RQWorker
 
 from . import compat
-from .errors import OutcomeRefused
+from .errors import CONNECTION_ERRORS, OutcomeRefused
 from .fence import Fence, arm
 from .job import EpochJobMixin
 from .jobclass import adopt
@@ -30,9 +29,6 @@ if TYPE_CHECKING:
 __all__ = ['FencedOutcomes']
 
 T = TypeVar('T')
-
-#: What a worker rides out: the server does not answer, or answers that it takes no writes now.
-CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 class FencedOutcomes(RQWorker):

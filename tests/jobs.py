@@ -79,3 +79,10 @@ def describe_current_job() -> str:
     cls = type(job)
     flags = f'epoch={isinstance(job, EpochJobMixin)} traced={isinstance(job, TracedJob)}'
     return f'{cls.__module__}.{cls.__qualname__} {flags}'
+
+
+def raise_connection_error() -> None:
+    """A job function whose own error is a redis-py ConnectionError."""
+    import redis
+
+    raise redis.exceptions.ConnectionError('raised by the job function')
