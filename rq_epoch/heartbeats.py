@@ -100,12 +100,13 @@ class Heartbeats(FencedOutcomes):
         return bool(super().perform_job(job, queue, *args, **kwargs))
 
     def ride_out_before_function(self, job: RQJob, call: Callable[[], T]) -> T:
-        """Run ``call`` (the job's ``perform``), again after a server outage that came before the function started.
+        """Run ``call`` (the job's ``perform``), again after a server outage in RQ's step before the function.
 
-        The job has not run yet, as in :meth:`prepare_job_execution`: a connection error must
-        not fail it. Attempts go on with backoff for up to :attr:`outcome_retry_limit` seconds,
-        while the worker keeps heartbeating (and stops this work-horse if a sweep takes the
-        lease). The job's timeout keeps running meanwhile.
+        The job has not run yet, as in :meth:`prepare_job_execution`: a connection error there
+        must not fail it (see :meth:`rq_epoch.Job.perform` for which errors are the job's).
+        Attempts go on with backoff for up to :attr:`outcome_retry_limit` seconds, while the
+        worker keeps heartbeating (and stops this work-horse if a sweep takes the lease). The
+        job's timeout keeps running meanwhile.
         """
         give_up = time.monotonic() + self.outcome_retry_limit
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from rq.job import Job as RQJob
@@ -75,7 +76,7 @@ class EpochJobMixin(_MixinBase):
     outcome_refused: bool = False
     _heartbeat_registry: StartedJobRegistry | None = None
     #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
-    #: server outage that came before the job function started. None: RQ's behaviour.
+    #: server outage in RQ's step before the job function. None: RQ's behaviour.
     ride_out: Callable[[Callable[[], Any]], Any] | None = None
     _function_started: bool = False
 
@@ -126,21 +127,22 @@ class EpochJobMixin(_MixinBase):
     # -- running ----------------------------------------------------------------------
 
     def perform(self) -> Any:
-        """Run the job as RQ does; a server outage before the job function starts does not fail it.
+        """Run the job as RQ does; a server outage in RQ's step before the job function does not fail it.
 
         RQ 2's ``Job.perform`` removes the job key's expiry (``PERSIST``) before it calls the
-        function, and a job class may make server calls of its own there. A connection error
-        in that step is not the job's: with :attr:`ride_out` set (rq-epoch's workers set it)
-        it is tried again with the worker's backoff, and ``perform`` runs again from the
-        start. Once the function has started, its errors are its own and fail the job as in
-        RQ.
+        function. A connection error there is not the job's: with :attr:`ride_out` set
+        (rq-epoch's workers set it) it is tried again with the worker's backoff, and
+        ``perform`` runs again from the start (a job class's own ``perform`` too). Any other
+        error, a connection error raised by the function or by a job class's own code
+        included, fails the job as in RQ. RQ 3's ``Job.perform`` calls no server before the
+        function: there this changes nothing.
         """
         ride_out = self.ride_out
         if ride_out is None:
             return super().perform()
         try:
             return ride_out(self._perform_once)
-        except _RaisedByFunction as raised:
+        except _JobsOwnError as raised:
             raise raised.error from None
 
     def _perform_once(self) -> Any:
@@ -148,8 +150,8 @@ class EpochJobMixin(_MixinBase):
         try:
             return super().perform()
         except CONNECTION_ERRORS as exc:
-            if self._function_started:
-                raise _RaisedByFunction(exc) from exc
+            if self._function_started or not _raised_in(exc, _RQ_PERFORM):
+                raise _JobsOwnError(exc) from exc  # not retried: the job's, as in RQ
             raise
 
     def _execute(self) -> Any:
@@ -243,8 +245,22 @@ class EpochJobMixin(_MixinBase):
         return hash(self.id)
 
 
-class _RaisedByFunction(Exception):
-    """Carries a connection error that the job function raised past the ride-out's retries."""
+#: RQ's own ``Job.perform``: a connection error raised in it before the function started is RQ's step.
+_RQ_PERFORM = RQJob.perform.__code__
+
+
+def _raised_in(error: BaseException, code: CodeType) -> bool:
+    """Whether ``error`` was raised inside a call of the function whose code is ``code``."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class _JobsOwnError(Exception):
+    """Carries a connection error of the job's own past the ride-out's retries."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(error)

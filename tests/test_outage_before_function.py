@@ -1,12 +1,13 @@
-"""A server outage in the work-horse before the job function starts neither fails nor retries the job.
+"""A server outage in RQ's step before the job function neither fails nor retries the job.
 
 RQ 2's ``Job.perform`` removes the job key's expiry (``PERSIST``) before it calls the
-function, and a job class may call the server there too. A connection error in that step
-used to reach RQ's failure handling: the ``on_failure`` callback ran and a retry was spent
-(or, without one, the job failed), for a job that never ran: a server restart cost the job
-what a crash of its own would. A loopback proxy forwards that command to the server and
-closes the connection instead of forwarding the reply, so the cut lands in that step and
-nowhere else. Stock RQ beside it, the same cut: the job's retry is spent and its callback runs.
+function. A connection error there used to reach RQ's failure handling: the ``on_failure``
+callback ran and a retry was spent (or, without one, the job failed), for a job that never
+ran: a server restart cost the job what a crash of its own would. A loopback proxy forwards
+that command to the server and closes the connection instead of forwarding the reply, so the
+cut lands in that step and nowhere else. Stock RQ beside it, the same cut: the job's retry is
+spent and its callback runs. A connection error of the job's own (its function's, or its job
+class's code in ``perform``) still fails it as in RQ.
 """
 
 from __future__ import annotations
@@ -84,20 +85,40 @@ def test_stock_rq_spends_a_retry_and_runs_the_failure_callback_for_the_same_cut(
     assert StockQueue('before-stock', connection=conn).fetch_job(job.id).retries_left == 0
 
 
-def test_a_job_class_that_calls_the_server_before_its_function_rides_out_a_cut_there(
+@pytest.mark.skipif(not PERSISTS_IN_PERFORM, reason="RQ 3's Job.perform calls no server before the function")
+def test_a_job_class_of_its_own_runs_its_perform_again_after_a_cut_at_rqs_persist(
     conn, proxy, start_worker, tmp_path: Path
 ) -> None:
-    # TracedJob.perform pushes to test:traced:<id> and then runs RQ's perform: the cut lands
-    # there, the worker tries perform again from the start (a second push), the function runs once.
+    # TracedJob.perform pushes to test:traced:<id>, then runs RQ's perform, whose PERSIST is
+    # cut: perform runs again from the start (a second push), the function runs once.
     log = tmp_path / 'log'
     queue = Queue('traced', connection=conn, job_class=TracedJob)
     job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
-    proxy.cut(f'test:traced:{job.id}'.encode())
+    proxy.cut(b'PERSIST')
     worker = start_worker('traced', url=proxy.url, args=['--job-class', 'tests.jobclasses.TracedJob'])
-    assert proxy.cut_done.wait(30), 'the work-horse never called the server in perform'
+    assert proxy.cut_done.wait(30), 'the work-horse never sent PERSIST'
     wait_for(lambda: log.exists(), 40, what='the job function ran')
     _ran_once_unharmed(conn, job.id, log, worker.output())
     assert conn.llen(f'test:traced:{job.id}') == 2
+
+
+def test_a_connection_error_of_a_job_classs_own_perform_is_the_jobs_as_in_rq(
+    conn, proxy, start_worker, tmp_path: Path
+) -> None:
+    # The cut lands in TracedJob's own push, before RQ's perform: the job class's code, not
+    # RQ's step, so it is not tried again: RQ's failure handling spends the retry.
+    log = tmp_path / 'log'
+    queue = Queue('traced-own', connection=conn, job_class=TracedJob)
+    job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
+    proxy.cut(f'test:traced:{job.id}'.encode())
+    worker = start_worker('traced-own', url=proxy.url, args=['--job-class', 'tests.jobclasses.TracedJob'])
+    assert proxy.cut_done.wait(30), 'the work-horse never called the server in perform'
+    wait_for(lambda: conn.lrange(f'test:on_failure:{job.id}', 0, -1), 30, what='the failure callback')
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 40, what='the job finished, on its retry')
+    assert conn.lrange(f'test:on_failure:{job.id}', 0, -1)[0].startswith(b'ConnectionError')
+    assert Job.fetch(job.id, connection=conn).retries_left == 0
+    assert log.read_text().count('ran ') == 1
+    assert 'before job' not in worker.output()
 
 
 def test_a_connection_error_raised_by_the_job_function_fails_it_as_in_rq(conn, start_worker, tmp_path: Path) -> None:
