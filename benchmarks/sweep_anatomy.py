@@ -624,38 +624,25 @@ def run_interleaved(
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
     config.update(server_config or {})
+    options: dict[str, Any] = {
+        'rounds': rounds,
+        'floors_only': floors_only,
+        'verdict': verdict,
+        'with_written_out': with_written_out,
+    }
     if side_by_side:
         with ExitStack() as stack:
             conns = {n: stack.enter_context(server(kind, **config)).client() for n in sizes}
             version = server_version(conns[sizes[0]])
             applied = _settings(conns[sizes[0]], server_config)
-            rows = _interleaved_sets(
-                conns,
-                seed,
-                ballast,
-                rounds=rounds,
-                floors_only=floors_only,
-                verdict=verdict,
-                with_written_out=with_written_out,
-            )
+            rows = _interleaved_sets(conns, seed, ballast, **options)
     else:
         with server(kind, **config) as srv:
             conn = srv.client()
             version = server_version(conn)
             applied = _settings(conn, server_config)
             for n in sizes:
-                rows.extend(
-                    _interleaved(
-                        conn,
-                        n,
-                        seed,
-                        ballast,
-                        rounds=rounds,
-                        floors_only=floors_only,
-                        verdict=verdict,
-                        with_written_out=with_written_out,
-                    )
-                )
+                rows.extend(_interleaved(conn, n, seed, ballast, **options))
     first = {r['step']: r['server_us_per_lease'] for r in rows if r['n'] == sizes[0]}
     for r in rows:
         r['growth'] = ratio(r['server_us_per_lease'], first[r['step']]) if r['n'] != sizes[0] else None

@@ -21,6 +21,7 @@ import redis
 
 from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.pids import children_of, send_signal
+from tests.proxy import HoldingProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +63,16 @@ def conn(server: EmbeddedServer) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def proxy(server: EmbeddedServer) -> Iterator[HoldingProxy]:
+    """A loopback proxy to the server that can hold a write or cut a reply (``tests/proxy.py``)."""
+    p = HoldingProxy(server.port)
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 class WorkerProcess:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,8 @@ from rq.results import Result
 from rq_epoch import Job, Queue, keys
 from rq_epoch.cli import main
 from tests.conftest import wait_for
-from tests.proxy import HoldingProxy
 
 QUEUE = 'fence'
-
-
-@pytest.fixture
-def proxy(server) -> Iterator[HoldingProxy]:
-    p = HoldingProxy(server.port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def _enqueue(conn, tmp_path: Path, first_run: str, **kwargs: object) -> tuple[Job, Path, Path]:

@@ -12,7 +12,6 @@ class's code in ``perform``) still fails it as in RQ.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,20 +23,10 @@ from rq.queue import Queue as StockQueue
 from rq_epoch import Job, Queue
 from tests.conftest import wait_for
 from tests.jobclasses import TracedJob
-from tests.proxy import HoldingProxy
 
 #: RQ 2's Job.perform begins with PERSIST of the job key (RQ 3's does not).
 PERSISTS_IN_PERFORM = rq.__version__.startswith('2.')
 ON_FAILURE = Callback('tests.jobs.on_failure_record')
-
-
-@pytest.fixture
-def proxy(server) -> Iterator[HoldingProxy]:
-    p = HoldingProxy(server.port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def _ran_once_unharmed(conn, job_id: str, log: Path, worker_output: str) -> None:
@@ -53,19 +42,22 @@ def _ran_once_unharmed(conn, job_id: str, log: Path, worker_output: str) -> None
 
 
 @pytest.mark.skipif(not PERSISTS_IN_PERFORM, reason="RQ 3's Job.perform calls no server before the function")
+@pytest.mark.parametrize('job_class', [None, 'tests.jobclasses.TracedJob'])
 def test_a_connection_cut_at_rqs_persist_neither_fails_nor_retries_the_job(
-    conn, proxy, start_worker, tmp_path: Path
+    conn, proxy, start_worker, tmp_path: Path, job_class: str | None
 ) -> None:
+    # With TracedJob, whose perform pushes to test:traced:<id> before it runs RQ's: perform
+    # runs again from the start (a second push), the function still once.
     log = tmp_path / 'log'
-    job = Queue('before', connection=conn).enqueue(
-        'tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE
-    )
+    queue = Queue('before', connection=conn, job_class=TracedJob if job_class else Job)
+    job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
     proxy.cut(b'PERSIST')
-    worker = start_worker('before', url=proxy.url)
+    worker = start_worker('before', url=proxy.url, args=['--job-class', job_class] if job_class else [])
     assert proxy.cut_done.wait(30), 'the work-horse never sent PERSIST'
     wait_for(lambda: log.exists(), 40, what='the job function ran')
     _ran_once_unharmed(conn, job.id, log, worker.output())
     assert worker.proc.poll() is None
+    assert conn.llen(f'test:traced:{job.id}') == (2 if job_class else 0)
 
 
 @pytest.mark.skipif(not PERSISTS_IN_PERFORM, reason="RQ 3's Job.perform calls no server before the function")
@@ -83,23 +75,6 @@ def test_stock_rq_spends_a_retry_and_runs_the_failure_callback_for_the_same_cut(
     wait_for(lambda: log.exists(), 40, what='the job function ran, on the retry')
     assert conn.lrange(f'test:on_failure:{job.id}', 0, -1)[0].startswith(b'ConnectionError')
     assert StockQueue('before-stock', connection=conn).fetch_job(job.id).retries_left == 0
-
-
-@pytest.mark.skipif(not PERSISTS_IN_PERFORM, reason="RQ 3's Job.perform calls no server before the function")
-def test_a_job_class_of_its_own_runs_its_perform_again_after_a_cut_at_rqs_persist(
-    conn, proxy, start_worker, tmp_path: Path
-) -> None:
-    # TracedJob.perform pushes to test:traced:<id>, then runs RQ's perform, whose PERSIST is
-    # cut: perform runs again from the start (a second push), the function runs once.
-    log = tmp_path / 'log'
-    queue = Queue('traced', connection=conn, job_class=TracedJob)
-    job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
-    proxy.cut(b'PERSIST')
-    worker = start_worker('traced', url=proxy.url, args=['--job-class', 'tests.jobclasses.TracedJob'])
-    assert proxy.cut_done.wait(30), 'the work-horse never sent PERSIST'
-    wait_for(lambda: log.exists(), 40, what='the job function ran')
-    _ran_once_unharmed(conn, job.id, log, worker.output())
-    assert conn.llen(f'test:traced:{job.id}') == 2
 
 
 def test_a_connection_error_of_a_job_classs_own_perform_is_the_jobs_as_in_rq(

@@ -8,24 +8,13 @@ uncounted, and it runs once. Stock RQ, the same cut after its ``BLPOP``: the job
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rq.queue import Queue as StockQueue
 
 from rq_epoch import Queue, scripts
-from tests.proxy import HoldingProxy
 from tests.takes import FAST, STRATEGIES, names, ran_once_uncounted, stock_lost
-
-
-@pytest.fixture
-def proxy(server) -> Iterator[HoldingProxy]:
-    p = HoldingProxy(server.port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 @pytest.mark.parametrize('n', [2, 3])
