@@ -78,7 +78,6 @@ class EpochJobMixin(_MixinBase):
     #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
     #: server outage in RQ's step before the job function. None: RQ's behaviour.
     ride_out: Callable[[Callable[[], Any]], Any] | None = None
-    _function_started: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease_epoch = None
@@ -146,17 +145,13 @@ class EpochJobMixin(_MixinBase):
             raise raised.error from None
 
     def _perform_once(self) -> Any:
-        self._function_started = False
         try:
             return super().perform()
         except CONNECTION_ERRORS as exc:
-            if self._function_started or not _raised_in(exc, _RQ_PERFORM):
+            # RQ's step: raised in RQ's perform, before it called the function (its _execute).
+            if not _raised_in(exc, _RQ_PERFORM) or _raised_in(exc, _RQ_EXECUTE):
                 raise _JobsOwnError(exc) from exc  # not retried: the job's, as in RQ
             raise
-
-    def _execute(self) -> Any:
-        self._function_started = True
-        return super()._execute()  # type: ignore[misc]
 
     # -- fenced side effects ----------------------------------------------------------
 
@@ -245,8 +240,10 @@ class EpochJobMixin(_MixinBase):
         return hash(self.id)
 
 
-#: RQ's own ``Job.perform``: a connection error raised in it before the function started is RQ's step.
+#: RQ's own ``Job.perform``, and its ``_execute``, which calls the job function: a connection
+#: error raised in the first and not in the second is RQ's step before the function.
 _RQ_PERFORM = RQJob.perform.__code__
+_RQ_EXECUTE = RQJob._execute.__code__
 
 
 def _raised_in(error: BaseException, code: CodeType) -> bool:
