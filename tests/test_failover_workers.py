@@ -201,20 +201,22 @@ def test_worker_lost_then_failover_is_finished_once_by_another_worker_never_coun
     client = old.client()
     queue = Queue('lost', connection=client)
     log = tmp_path / 'log'
-    job = queue.enqueue('tests.jobs.sleep_and_record', str(log), 'k', 3, max_stalled=1)
+    job = queue.enqueue('tests.jobs.sleep_and_record', str(log), 'k', 8, max_stalled=1)
     first = f.worker('lost')
     wait_for(lambda: lease_on(client, job, old.run_id()), 30, what='job running')
+    wait_for(lambda: executions(log, 'k')[0] == 1, 30, what='job function running')  # the kill ends a run of it
     # Idle on the same queue, through the failover. Nothing sweeps the old primary between the
     # kill and the promotion: a failover slower than the lease (the sentinels may refuse it for
     # a while) would otherwise let a sweep there count the death, rightly, under the old epoch.
     second = f.worker('lost', env={'RQ_EPOCH_SWEEP_INTERVAL': '3600'})
     wait_for(lambda: 'ubscribing to channel' in second.output(), 30, what='the second worker up')
     first.kill()  # worker and work-horse: a machine lost
+    assert executions(log, 'k') == (1, 0)  # killed mid-run
     _, new = f.topology.failover()
     new_client = new.client()
     assert new_client.hget(job.key, 'lease_epoch') == old.run_id().encode()  # crossed the failover
     f.cron('lost')
-    wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 40, what='finished by the other worker')
+    wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 60, what='finished by the other worker')
     job = Job.fetch(job.id, connection=new_client)
     assert executions(log, 'k') == (2, 1)
     assert (job.stalled, job.exempt_recoveries) == (0, 1)

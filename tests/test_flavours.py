@@ -115,6 +115,7 @@ def test_simple_worker_frozen_past_its_lease_finishes_the_job_and_its_outcome_is
     worker = start_worker('frozen', worker_class='rq_epoch.SimpleWorker')
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')
     stale = wait_for(lambda: conn.hget(job.key, 'lease_execution'), 10, what='lease holder').decode()
+    wait_for(lambda: executions(log, 'f')[0] == 1, 30, what='job function running')  # not just started
     os.kill(worker.pid, signal.SIGSTOP)  # a frozen machine: the keeper thread stops too
     try:
         report = wait_for(

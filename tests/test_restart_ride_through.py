@@ -141,6 +141,9 @@ def test_worker_killed_during_outage_is_exempt_after_the_grace(conn, server, sta
     job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'g', str(release), max_stalled=1)
     worker = start_worker('gone')
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')
+    # Started is written before the work-horse calls the function: wait for the function, so
+    # that the run the kill ends is one that ran it (the count below says it ran twice).
+    wait_for(lambda: executions(log, 'g')[0] == 1, 30, what='job function running')
     server.stop()
     worker.kill()
     server.start()
