@@ -13,38 +13,42 @@ and then the fence refuses its outcome (nothing of it is written; the worker log
 warning and the server counts it). The keeper logs a warning as soon as it learns of it.
 
 ``rq worker --worker-class rq_epoch.SpawnWorker`` starts each work-horse with
-``posix_spawn`` instead of ``fork`` (RQ's ``SpawnWorker``). The work-horse process rebuilds
-the worker from its class (pickled), so it commits through the same fence; RQ 2's own
-spawned work-horse always rebuilt a stock ``rq.Worker``, so on RQ 2 this class starts the
-work-horse its own way.
+``posix_spawn`` instead of ``fork`` (RQ's ``SpawnWorker``). The work-horse is a new process
+that reads the worker, the job and the execution from the server before the job starts;
+rq-epoch starts it its own way on both RQ versions, so that it rebuilds rq-epoch's worker
+class (RQ 2's rebuilt a stock ``rq.Worker``), connects through the sentinels when the worker
+does (RQ's passes the connection's settings as text, which a Sentinel pool does not survive),
+and rides out a server outage in those reads instead of dying and failing the job.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from redis import ConnectionPool, Redis
+from redis.sentinel import Sentinel
 from rq.connections import get_connection_kwargs
 from rq.worker import BaseWorker
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import SpawnWorker as RQSpawnWorker
 
-from .errors import RqEpochError
-from .outcomes import CONNECTION_ERRORS
+from .errors import CONNECTION_ERRORS, ConfigurationError, RqEpochError
+from .failover import _WatchedConnection, is_sentinel_managed
+from .outcomes import with_backoff
+from .server import read_epoch
 from .worker import Worker
 
 if TYPE_CHECKING:
     from rq.executions import Execution
 
 __all__ = ['LeaseKeeper', 'SimpleWorker', 'SpawnWorker']
-
-#: RQ 3's SpawnWorker rebuilds the worker from its pickled class; RQ 2's rebuilds rq.Worker.
-_RQ_SPAWNS_OWN_CLASS = hasattr(RQSpawnWorker, '_dump_worker_config')
 
 
 class LeaseKeeper(threading.Thread):
@@ -156,57 +160,151 @@ class SimpleWorker(Worker, RQSimpleWorker):
 
 
 class SpawnWorker(Worker, RQSpawnWorker):
-    """RQ's SpawnWorker (work-horses started with ``posix_spawn``) with the epoch behaviour."""
+    """RQ's SpawnWorker (work-horses started with ``posix_spawn``) with the epoch behaviour.
 
-    if not _RQ_SPAWNS_OWN_CLASS:
+    rq-epoch starts the work-horse itself, on RQ 2 and RQ 3 (:func:`_spawned_horse`), so
+    that a spawn costs a job no more than a fork does:
 
-        def fork_work_horse(self, job: Any, queue: Any) -> None:
-            """Spawn a work-horse that rebuilds this worker class, then runs the job as RQ does."""
-            if self.execution is None:
-                raise RqEpochError(f'SpawnWorker {self.name}: no execution prepared for job {job.id}')
-            os.environ['RQ_WORKER_ID'] = self.name
-            os.environ['RQ_JOB_ID'] = job.id
-            os.environ['RQ_EXECUTION_ID'] = self.execution.id
-            connection_kwargs = get_connection_kwargs(self.connection)
-            for name in ('retry', 'driver_info', 'connection_class'):
-                connection_kwargs.pop(name, None)
-            if 'path' in connection_kwargs:
-                connection_kwargs['unix_socket_path'] = connection_kwargs.pop('path')
-            payload = pickle.dumps(
-                {
-                    'worker_class': type(self),
-                    'worker_key': self.key,
-                    'connection_class': type(self.connection),
-                    'connection_kwargs': connection_kwargs,
-                    'job_class': self.job_class,
-                    'queue_class': self.queue_class,
-                    'serializer': self._serializer_arg,
-                    'job_id': job.id,
-                    'queue_name': queue.name,
-                    'execution_id': self.execution.id,
-                    'attributes': {
-                        'death_penalty_class': self.death_penalty_class,
-                        '_exc_handlers': self._exc_handlers,
-                        'default_result_ttl': self.default_result_ttl,
-                        'job_monitoring_interval': self.job_monitoring_interval,
-                        'log_job_description': self.log_job_description,
-                        'log_result_lifespan': self.log_result_lifespan,
-                        'disable_default_exception_handler': self.disable_default_exception_handler,
-                    },
-                }
-            )
-            argv = [sys.executable, '-c', 'from rq_epoch.flavours import _spawned_horse; _spawned_horse()']
-            environ = {**os.environ, 'RQ_EPOCH_SPAWN_PAYLOAD': payload.hex(), 'PYTHONPATH': os.pathsep.join(sys.path)}
-            self._horse_pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
-            self.procline(f'Spawned {self._horse_pid} at {time.time()}')
+    * the work-horse connects as the worker does: through the sentinels to the current
+      primary for a Sentinel-managed connection, and with the worker's connection class
+      otherwise (TLS, a Unix socket), see :func:`connection_spec`;
+    * the worker, the job and the execution it reads before the job starts are read again
+      after a server outage (a restart, a failover), with backoff for up to
+      :attr:`outcome_retry_limit` seconds, as a forked work-horse's preparation is: the
+      job has not started, so an outage there must not fail it.
+    """
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """Check that the work-horse can be given this worker's connection, then start as RQ does."""
+        try:
+            pickle.dumps(connection_spec(self.connection))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ConfigurationError(
+                f'SpawnWorker cannot pass its connection settings to a work-horse process: {exc}'
+            ) from exc
+        super().bootstrap(*args, **kwargs)
+
+    def fork_work_horse(self, job: Any, queue: Any) -> None:
+        """Spawn a work-horse that rebuilds this worker, then runs the job as RQ does."""
+        if self.execution is None:
+            raise RqEpochError(f'SpawnWorker {self.name}: no execution prepared for job {job.id}')
+        os.environ['RQ_WORKER_ID'] = self.name
+        os.environ['RQ_JOB_ID'] = job.id
+        os.environ['RQ_EXECUTION_ID'] = self.execution.id
+        payload = pickle.dumps(
+            {
+                'worker_class': type(self),
+                'worker_key': self.key,
+                'connection': connection_spec(self.connection),
+                'job_class': self.job_class,
+                'queue_class': self.queue_class,
+                'serializer': self._serializer_arg,
+                'job_id': job.id,
+                'queue_name': queue.name,
+                'execution_id': self.execution.id,
+                'max_backoff': self._max_backoff(),
+                'attributes': {
+                    'death_penalty_class': self.death_penalty_class,
+                    '_exc_handlers': self._exc_handlers,
+                    'default_result_ttl': self.default_result_ttl,
+                    'job_monitoring_interval': self.job_monitoring_interval,
+                    'log_job_description': self.log_job_description,
+                    'log_result_lifespan': self.log_result_lifespan,
+                    'disable_default_exception_handler': self.disable_default_exception_handler,
+                },
+            }
+        )
+        argv = [sys.executable, '-c', 'from rq_epoch.flavours import _spawned_horse; _spawned_horse()']
+        environ = {**os.environ, 'RQ_EPOCH_SPAWN_PAYLOAD': payload.hex(), 'PYTHONPATH': os.pathsep.join(sys.path)}
+        self._horse_pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
+        self.procline(f'Spawned {self._horse_pid} at {time.time()}')
+
+
+def connection_spec(connection: Redis) -> dict[str, Any]:
+    """What another process needs to connect as ``connection`` does (picklable).
+
+    A Sentinel-managed connection is rebuilt through the same sentinels, for the same
+    primary name, so that the new process finds the *current* primary; any other through
+    its pool's connection class (rq-epoch's failover watch, when installed, is left out).
+    """
+    pool = connection.connection_pool
+    kwargs = {
+        name: value
+        for name, value in get_connection_kwargs(connection).items()
+        if name not in _PROCESS_LOCAL_KWARGS and type(value) is not object
+    }
+    spec: dict[str, Any] = {'redis_class': type(connection), 'kwargs': kwargs}
+    if is_sentinel_managed(connection):
+        manager = cast(Any, pool).sentinel_manager
+        spec['sentinel'] = {
+            'service_name': cast(Any, pool).service_name,
+            'sentinels': [_address(client) for client in manager.sentinels],
+            'min_other_sentinels': manager.min_other_sentinels,
+            'sentinel_kwargs': manager.sentinel_kwargs,
+            'connection_kwargs': manager.connection_kwargs,
+        }
+    else:
+        spec['connection_class'] = next(
+            cls for cls in pool.connection_class.__mro__ if not issubclass(cls, _WatchedConnection)
+        )
+    return spec
+
+
+def rebuild_connection(spec: dict[str, Any]) -> Redis:
+    """A client connected as the one :func:`connection_spec` described."""
+    sentinel = spec.get('sentinel')
+    if sentinel is not None:
+        manager = Sentinel(
+            sentinel['sentinels'],
+            min_other_sentinels=sentinel['min_other_sentinels'],
+            sentinel_kwargs=sentinel['sentinel_kwargs'],
+            **sentinel['connection_kwargs'],
+        )
+        return manager.master_for(sentinel['service_name'], redis_class=spec['redis_class'], **spec['kwargs'])
+    pool = ConnectionPool(connection_class=spec['connection_class'], **spec['kwargs'])
+    return cast(Redis, spec['redis_class'](connection_pool=pool))
+
+
+#: Pool settings that belong to the process that made them (RQ's SpawnWorker drops them too).
+_PROCESS_LOCAL_KWARGS = ('retry', 'driver_info', 'connection_pool')
+
+
+def _address(client: Redis) -> tuple[str, int]:
+    kwargs = client.connection_pool.connection_kwargs
+    return str(kwargs.get('host', 'localhost')), int(kwargs.get('port', 26379))
 
 
 def _spawned_horse() -> None:
-    """Entry point of a work-horse started by :class:`SpawnWorker` on RQ 2."""
+    """Entry point of a work-horse started by :class:`SpawnWorker`.
+
+    Rebuilds the worker, the job, its queue and the execution from the server, riding out
+    an outage meanwhile, then runs the job as RQ's work-horse does.
+    """
+    spec = pickle.loads(bytes.fromhex(os.environ.pop('RQ_EPOCH_SPAWN_PAYLOAD')))
+    worker_class = spec['worker_class']
+    connection = rebuild_connection(spec['connection'])
+
+    def unreachable(exc: Exception, attempt: int) -> None:
+        if attempt == 0:
+            logging.getLogger('rq.worker').warning(
+                'Work-horse %s: server unreachable before job %s started (%s); retrying',
+                os.getpid(),
+                spec['job_id'],
+                exc,
+            )
+
+    give_up = time.monotonic() + worker_class.outcome_retry_limit
+    rebuilt = with_backoff(lambda: _rebuild(spec, connection), give_up, spec['max_backoff'], unreachable)
+    if rebuilt is None:
+        sys.exit(1)
+    worker, job, queue = rebuilt
+    worker.main_work_horse(job, queue)
+
+
+def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any] | None:
+    """The worker (None if its key is gone), the job and its queue, read from the server."""
     from rq.executions import Execution
 
-    spec = pickle.loads(bytes.fromhex(os.environ.pop('RQ_EPOCH_SPAWN_PAYLOAD')))
-    connection = spec['connection_class'](**spec['connection_kwargs'])
     worker = spec['worker_class'].find_by_key(
         spec['worker_key'],
         connection=connection,
@@ -215,12 +313,23 @@ def _spawned_horse() -> None:
         serializer=spec['serializer'],
     )
     if not worker:
-        sys.exit(1)
+        return None
     for name, value in spec['attributes'].items():
         setattr(worker, name, value)
+    # A forked work-horse inherits the worker's watch of the primary; a spawned one needs its
+    # own, or after a failover its outcome would go to the demoted primary.
+    run_id = read_epoch(connection).run_id
+    worker._known_run_id = run_id
+    worker.primary_watch = worker.watch_primary(run_id)
     job = worker.job_class.fetch(spec['job_id'], connection=connection, serializer=worker.serializer)
     queue = worker.queue_class(
-        spec['queue_name'], connection=connection, job_class=worker.job_class, serializer=worker.serializer
+        spec['queue_name'],
+        connection=connection,
+        job_class=worker.job_class,
+        serializer=worker.serializer,
+        death_penalty_class=worker.death_penalty_class,
     )
-    worker.execution = Execution.fetch(spec['execution_id'], job.id, connection=connection)
-    worker.main_work_horse(job, queue)
+    execution = Execution.fetch(spec['execution_id'], job.id, connection=connection)
+    execution._job = job  # the job as the worker's job class made it
+    worker.execution = execution
+    return worker, job, queue

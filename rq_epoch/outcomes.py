@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from rq.queue import Queue as RQQueue
 
-__all__ = ['FencedOutcomes']
+__all__ = ['FencedOutcomes', 'with_backoff']
 
 T = TypeVar('T')
 
@@ -162,18 +162,31 @@ class FencedOutcomes(RQWorker):
         """Return ``call()``, tried again on a connection error until the monotonic time ``give_up``.
 
         Waits 0.1 s after the first failure, doubling up to one heartbeat interval (at most
-        RQ's ``max_connection_wait_time``). ``on_error`` is told each failure and its
-        attempt number (from 0). The last connection error is raised when the next wait would
-        end past ``give_up``; any other exception is raised at once.
+        RQ's ``max_connection_wait_time``); see :func:`with_backoff`.
         """
-        delay, attempt = 0.1, 0
-        while True:
-            try:
-                return call()
-            except CONNECTION_ERRORS as exc:
-                if on_error is not None:
-                    on_error(exc, attempt)
-                if time.monotonic() + delay > give_up:
-                    raise
-                time.sleep(delay)
-                delay, attempt = min(delay * 2, self._max_backoff()), attempt + 1
+        return with_backoff(call, give_up, self._max_backoff(), on_error)
+
+
+def with_backoff(
+    call: Callable[[], T],
+    give_up: float,
+    max_delay: float,
+    on_error: Callable[[Exception, int], None] | None = None,
+) -> T:
+    """Return ``call()``, tried again on a connection error until the monotonic time ``give_up``.
+
+    Waits 0.1 s after the first failure, doubling up to ``max_delay``. ``on_error`` is told
+    each failure and its attempt number (from 0). The last connection error is raised when
+    the next wait would end past ``give_up``; any other exception is raised at once.
+    """
+    delay, attempt = 0.1, 0
+    while True:
+        try:
+            return call()
+        except CONNECTION_ERRORS as exc:
+            if on_error is not None:
+                on_error(exc, attempt)
+            if time.monotonic() + delay > give_up:
+                raise
+            time.sleep(delay)
+            delay, attempt = min(delay * 2, max_delay), attempt + 1

@@ -63,14 +63,16 @@ class Fleet:
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
 
-    def worker(self, *queues: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    def worker(
+        self, *queues: str, env: dict[str, str] | None = None, worker_class: str = 'rq_epoch.Worker'
+    ) -> WorkerProcess:
         environ = dict(os.environ)
         environ['PYTHONPATH'] = str(ROOT) + os.pathsep + environ.get('PYTHONPATH', '')
         environ.update({**WORKER_ENV, 'PYTHONUNBUFFERED': '1', **(env or {})})
         log = self.tmp_path / f'worker-{len(self.workers)}.log'
         argv = [
             sys.executable, '-m', 'rq.cli', 'worker', '-c', self.settings, '-P', str(self.tmp_path / 'settings'),
-            '--worker-class', 'rq_epoch.Worker', '--job-monitoring-interval', '1', *queues,
+            '--worker-class', worker_class, '--job-monitoring-interval', '1', *queues,
         ]  # fmt: skip
         with open(log, 'wb') as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=environ)
@@ -262,11 +264,15 @@ def test_frozen_primary_promoted_then_thawed_no_counted_stall_no_failure(fleet, 
           f're-stamped its lease on the new primary {reached:.2f}s after the promotion')  # fmt: skip
 
 
-def test_outcome_right_after_a_failover_is_recorded_on_the_new_primary(fleet, tmp_path: Path) -> None:
+@pytest.mark.parametrize('worker_class', ['rq_epoch.Worker', 'rq_epoch.SpawnWorker'])
+def test_outcome_right_after_a_failover_is_recorded_on_the_new_primary(
+    fleet, tmp_path: Path, worker_class: str
+) -> None:
     """The work-horse asks the sentinels before it records the outcome, however recently it asked.
 
     With a 10 s heartbeat the worker asks the sentinels every 5 s; the job ends as soon as the
-    promotion is seen, long before that: its outcome must still land on the new primary.
+    promotion is seen, long before that: its outcome must still land on the new primary. A
+    spawned work-horse (a process of its own, connected through the sentinels) too.
     """
     f = fleet()
     old = f.topology.current_primary()
@@ -275,8 +281,11 @@ def test_outcome_right_after_a_failover_is_recorded_on_the_new_primary(fleet, tm
     log = tmp_path / 'log'
     release = tmp_path / 'release'
     job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'o', str(release))
-    worker = f.worker('out', env={'RQ_EPOCH_HEARTBEAT_INTERVAL': '10', 'RQ_EPOCH_RESTART_GRACE': '20'})
+    worker = f.worker(
+        'out', env={'RQ_EPOCH_HEARTBEAT_INTERVAL': '10', 'RQ_EPOCH_RESTART_GRACE': '20'}, worker_class=worker_class
+    )
     wait_for(lambda: lease_on(client, job, old.run_id()), 30, what='job running')
+    wait_for(lambda: executions(log, 'o')[0] == 1, 30, what='job function running')
     _, new = f.topology.failover()
     release.touch()
     new_client = new.client()
@@ -285,6 +294,22 @@ def test_outcome_right_after_a_failover_is_recorded_on_the_new_primary(fleet, tm
     job = Job.fetch(job.id, connection=new_client)
     assert len(job.results()) == 1 and job.stalled == 0
     wait_for(lambda: new_client.zcard(keys.leases_key('out')) == 0, 10, what='the lease removed on the new primary')
+    assert worker.proc.poll() is None
+
+
+def test_stock_spawn_worker_fails_every_job_under_sentinel(fleet, tmp_path: Path) -> None:
+    """For the record: RQ's SpawnWorker writes its connection's settings into the work-horse's
+    source as text; a Sentinel pool does not survive that, so the work-horse dies at once and
+    RQ fails the job. rq_epoch.SpawnWorker runs it (the test above)."""
+    f = fleet()
+    client = f.topology.current_primary().client()
+    log = tmp_path / 'log'
+    job = Queue('stock-spawn', connection=client).enqueue('tests.jobs.record', str(log), 's')
+    worker = f.worker('stock-spawn', worker_class='rq.SpawnWorker')
+    wait_for(lambda: client.hget(job.key, 'status') == b'failed', 60, what='the job failed')
+    assert not log.exists()  # its function never ran
+    result = Job.fetch(job.id, connection=client).latest_result()
+    assert result is not None and 'Work-horse terminated unexpectedly' in (result.exc_string or '')
     assert worker.proc.poll() is None
 
 

@@ -1,0 +1,111 @@
+"""A server restart while a spawned work-horse starts costs the job nothing.
+
+``rq_epoch.SpawnWorker``'s work-horse is a new process: before the job starts it reads the
+worker, the job and the execution from the server. A loopback proxy holds its first read
+(``EXISTS`` of the worker's key) while the server is shut down and started again on the same
+data folder, so the work-horse meets the outage there and nowhere else. rq-epoch's work-horse
+reads again once the server is back: the job runs once, its retry unspent, no failure. (RQ's
+own SpawnWorker's work-horse dies there with a connection error; at a restart stock RQ's
+worker itself quits, see ``test_restart_ride_through.py``, so there is no stock run here.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from rq import Callback, Retry
+from rq.job import JobStatus
+
+from rq_epoch import ConfigurationError, Job, Queue, SpawnWorker
+from rq_epoch.embedded import EmbeddedServer
+from tests.conftest import wait_for
+
+ON_FAILURE = Callback('tests.jobs.on_failure_record')
+
+
+def _first_read_of(worker_name: str) -> bytes:
+    """The bytes of ``EXISTS rq:worker:<name>``: the spawned work-horse's first read."""
+    key = f'rq:worker:{worker_name}'
+    return f'$6\r\nEXISTS\r\n${len(key)}\r\n{key}\r\n'.encode()
+
+
+def _restart_while_the_horse_starts(server, proxy, worker, queue: Queue, log: Path, name: str) -> Job:
+    """Enqueue a job; the server restarts while the work-horse's first read is held."""
+    # The worker's first maintenance also sends EXISTS of its own key (RQ's cleaning of the
+    # worker registry): hold only after it, once the maintenance lock is released.
+    wait_for(lambda: 'cleaning registries' in worker.output(), 30, what="the worker's first maintenance")
+    wait_for(lambda: not queue.connection.exists(queue.registry_cleaning_key), 30, what='the maintenance done')
+    proxy.hold(_first_read_of(name))
+    job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
+    assert proxy.held.wait(30), "the work-horse's first read never came"
+    server.stop()
+    proxy.release()
+    wait_for(lambda: 'before job' in worker.output(), 30, what='the work-horse meeting the outage')
+    server.start()
+    return job
+
+
+def test_a_restart_while_the_spawned_work_horse_starts_neither_fails_nor_retries_the_job(
+    server, proxy, start_worker, tmp_path: Path
+) -> None:
+    log = tmp_path / 'log'
+    name = f'spawner-{uuid.uuid4().hex[:8]}'
+    worker = start_worker('spawn-outage', worker_class='rq_epoch.SpawnWorker', url=proxy.url, args=['--name', name])
+    old_run_id = server.run_id()
+    queue = Queue('spawn-outage', connection=server.client())
+    job = _restart_while_the_horse_starts(server, proxy, worker, queue, log, name)
+    conn = server.client()
+    assert server.run_id() != old_run_id
+    wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
+    job = Job.fetch(job.id, connection=conn)
+    assert log.read_text().count('ran ') == 1
+    assert conn.lrange(f'test:on_failure:{job.id}', 0, -1) == []
+    assert job.retries_left == 1
+    assert [r.type.name for r in job.results()] == ['SUCCESSFUL']
+    assert (job.stalled, job.exempt_recoveries) == (0, 0)
+    assert f'server unreachable before job {job.id} started' in worker.output()
+    assert 'Work-horse terminated' not in worker.output()
+    assert worker.proc.poll() is None
+
+
+@pytest.fixture
+def unix_server() -> Iterator[EmbeddedServer]:
+    """A Valkey server that also listens on a Unix socket (a short path: sockets have a limit)."""
+    folder = Path(tempfile.mkdtemp(prefix='rqe-'))
+    srv = EmbeddedServer('valkey', data_dir=folder / 'data', extra_config={'unixsocket': str(folder / 's.sock')})
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_spawned_work_horse_connects_over_the_workers_unix_socket(unix_server, start_worker, tmp_path: Path) -> None:
+    socket_path = unix_server.extra_config['unixsocket']
+    conn = redis.Redis(unix_socket_path=socket_path)
+    log = tmp_path / 'log'
+    job = Queue('unix', connection=conn).enqueue('tests.jobs.record', str(log), 'ran')
+    worker = start_worker('unix', worker_class='rq_epoch.SpawnWorker', url=f'unix://{socket_path}?db=0', burst=True)
+    wait_for(lambda: worker.proc.poll() is not None, 60, what='the burst worker done')
+    assert Job.fetch(job.id, connection=conn).get_status() == JobStatus.FINISHED, worker.output()
+    assert log.read_text().count('ran ') == 1
+
+
+def test_a_connection_a_work_horse_cannot_be_given_is_refused_when_the_worker_starts(conn) -> None:
+    class LocalConnection(redis.Connection):  # a local class: another process cannot import it
+        pass
+
+    port = conn.connection_pool.connection_kwargs['port']
+    pool = redis.ConnectionPool(connection_class=LocalConnection, host='127.0.0.1', port=port)
+    client = redis.Redis(connection_pool=pool)
+    worker = SpawnWorker(['refused'], connection=client)
+    with pytest.raises(ConfigurationError, match='SpawnWorker cannot pass its connection settings'):
+        worker.bootstrap()
+    assert conn.scard('rq:workers') == 0  # refused before anything was written
