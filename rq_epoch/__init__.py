@@ -17,7 +17,7 @@ from .errors import (
 )
 from .failover import PrimaryWatch
 from .fence import Fence
-from .flavours import SimpleWorker, SpawnWorker
+from .flavours import HerokuWorker, SimpleWorker, SpawnWorker
 from .job import EpochJobMixin, Job
 from .jobclass import epoch_job_class, is_epoch_job_class
 from .queue import Queue
@@ -37,6 +37,7 @@ __all__ = [
     'EpochSettings',
     'EpochUnavailableError',
     'Fence',
+    'HerokuWorker',
     'Job',
     'LeaseVerdict',
     'OutcomeRefused',

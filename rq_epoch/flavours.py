@@ -1,4 +1,4 @@
-"""RQ's other worker flavours with the epoch behaviour: no fork, and spawn instead of fork.
+"""RQ's other worker flavours with the epoch behaviour: no fork, spawn instead of fork, Heroku.
 
 ``rq worker --worker-class rq_epoch.SimpleWorker`` runs each job in the worker process (as
 ``rq.SimpleWorker`` does: tests, platforms without ``fork``, django-rq's test mode). The
@@ -19,6 +19,9 @@ rq-epoch starts it its own way on both RQ versions, so that it rebuilds rq-epoch
 class (RQ 2's rebuilt a stock ``rq.Worker``), connects through the sentinels when the worker
 does (RQ's passes the connection's settings as text, which a Sentinel pool does not survive),
 and rides out a server outage in those reads instead of dying and failing the job.
+
+``rq worker --worker-class rq_epoch.HerokuWorker`` is RQ's ``HerokuWorker`` (a warm shutdown
+raises ``ShutDownImminentException`` in the running job after a delay) with the epoch behaviour.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from redis import ConnectionPool, Redis
 from redis.sentinel import Sentinel
 from rq.connections import get_connection_kwargs
 from rq.worker import BaseWorker
+from rq.worker import HerokuWorker as RQHerokuWorker
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import SpawnWorker as RQSpawnWorker
 
@@ -48,7 +52,7 @@ from .worker import Worker
 if TYPE_CHECKING:
     from rq.executions import Execution
 
-__all__ = ['LeaseKeeper', 'SimpleWorker', 'SpawnWorker']
+__all__ = ['HerokuWorker', 'LeaseKeeper', 'SimpleWorker', 'SpawnWorker', 'connection_spec', 'rebuild_connection']
 
 
 class LeaseKeeper(threading.Thread):
@@ -218,6 +222,18 @@ class SpawnWorker(Worker, RQSpawnWorker):
         environ = {**os.environ, 'RQ_EPOCH_SPAWN_PAYLOAD': payload.hex(), 'PYTHONPATH': os.pathsep.join(sys.path)}
         self._horse_pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
         self.procline(f'Spawned {self._horse_pid} at {time.time()}')
+
+
+class HerokuWorker(Worker, RQHerokuWorker):
+    """RQ's HerokuWorker (a warm shutdown warns the running job) with the epoch behaviour.
+
+    On SIGTERM the work-horse is sent SIGRTMIN and, :attr:`imminent_shutdown_delay`
+    seconds later, the job gets ``rq.exceptions.ShutDownImminentException``, as with RQ's
+    class: the job may catch it to clean up; if it does not, its failure is recorded as RQ
+    records it (a retry if it has one left, else failed), through the fence. A platform
+    that then kills the worker (Heroku does, 30 s after SIGTERM) before the job ended leaves
+    its lease to the sweep: a worker death, counted as any other.
+    """
 
 
 def connection_spec(connection: Redis) -> dict[str, Any]:

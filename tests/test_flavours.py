@@ -15,7 +15,7 @@ from rq_epoch import Job, Queue, Sweeper, keys
 from tests.conftest import wait_for
 from tests.test_restart_ride_through import executions
 
-FLAVOURS = ['rq_epoch.SimpleWorker', 'rq_epoch.SpawnWorker']
+FLAVOURS = ['rq_epoch.SimpleWorker', 'rq_epoch.SpawnWorker', 'rq_epoch.HerokuWorker']
 
 
 def lease_of(conn, queue: str, job_id: str) -> bytes | None:
@@ -133,3 +133,25 @@ def test_simple_worker_frozen_past_its_lease_finishes_the_job_and_its_outcome_is
     assert len(job.results()) == 1  # only the newer run's outcome landed
     assert (job.stalled, job.stale_outcomes) == (1, 1)
     assert conn.hget(job.key, 'lease_execution').decode() != stale
+
+
+def test_heroku_worker_warns_the_job_at_sigterm_and_records_its_failure_uncounted(
+    conn, start_worker, tmp_path: Path
+) -> None:
+    """As RQ's HerokuWorker: SIGTERM, then ShutDownImminentException in the job; the failure is
+    recorded through the fence (the lease removed with it), not counted as a stall."""
+    queue = Queue('heroku', connection=conn)
+    log = tmp_path / 'log'
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'h', str(tmp_path / 'never'))
+    worker = start_worker('heroku', worker_class='rq_epoch.HerokuWorker')
+    wait_for(lambda: executions(log, 'h')[0] == 1, 30, what='job function running')
+    os.kill(worker.pid, signal.SIGTERM)
+    wait_for(lambda: worker.proc.poll() is not None, 30, what='the worker to stop')
+    job = Job.fetch(job.id, connection=conn)
+    assert job.get_status() == JobStatus.FAILED
+    result = job.latest_result()
+    assert result is not None and 'ShutDownImminentException' in (result.exc_string or '')
+    assert (job.stalled, job.exempt_recoveries, job.stale_outcomes) == (0, 0, 0)
+    assert conn.zscore(keys.leases_key('heroku'), job.id) is None
+    assert 'Imminent shutdown, raising ShutDownImminentException in 6 seconds' in worker.output()
+    assert executions(log, 'h') == (1, 0)

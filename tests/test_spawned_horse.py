@@ -11,6 +11,7 @@ worker itself quits, see ``test_restart_ride_through.py``, so there is no stock 
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import tempfile
 import uuid
@@ -24,6 +25,7 @@ from rq.job import JobStatus
 
 from rq_epoch import ConfigurationError, Job, Queue, SpawnWorker
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.flavours import connection_spec, rebuild_connection
 from tests.conftest import wait_for
 
 ON_FAILURE = Callback('tests.jobs.on_failure_record')
@@ -109,3 +111,30 @@ def test_a_connection_a_work_horse_cannot_be_given_is_refused_when_the_worker_st
     with pytest.raises(ConfigurationError, match='SpawnWorker cannot pass its connection settings'):
         worker.bootstrap()
     assert conn.scard('rq:workers') == 0  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ('url', 'connection_class', 'expected'),
+    [
+        (
+            'rediss://127.0.0.1:6380/5?ssl_cert_reqs=none',
+            redis.SSLConnection,
+            {'port': 6380, 'db': 5, 'ssl_cert_reqs': 'none'},
+        ),
+        (
+            'unix:///tmp/rq-epoch.sock?db=5&password=secret',
+            redis.UnixDomainSocketConnection,
+            {'path': '/tmp/rq-epoch.sock', 'db': 5, 'password': 'secret'},
+        ),
+    ],
+)
+def test_the_work_horse_connection_is_rebuilt_with_the_workers_class_and_settings(
+    url: str, connection_class: type, expected: dict
+) -> None:
+    """What the spawned work-horse is given survives pickling, and rebuilds TLS and Unix-socket
+    connections as the worker made them (no connection is opened here)."""
+    original = redis.Redis.from_url(url)
+    rebuilt = rebuild_connection(pickle.loads(pickle.dumps(connection_spec(original))))
+    assert rebuilt.connection_pool.connection_class is connection_class
+    kwargs = rebuilt.connection_pool.connection_kwargs
+    assert {name: kwargs.get(name) for name in expected} == expected

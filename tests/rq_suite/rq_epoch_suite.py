@@ -8,8 +8,8 @@ work-horse of a spawn worker). Environment:
   address go to this loopback port instead (the suite's own server).
 * ``RQ_SUITE_SUBSTITUTE``: ``1`` rebinds RQ's worker classes to rq-epoch's before RQ's
   tests import them: ``rq.Worker`` / ``rq.worker.Worker`` become ``rq_epoch.Worker``,
-  ``rq.SimpleWorker`` becomes ``rq_epoch.SimpleWorker`` and ``rq.SpawnWorker`` becomes
-  ``rq_epoch.SpawnWorker``. ``0`` (or unset) runs stock RQ, for the comparison.
+  ``rq.SimpleWorker``, ``rq.SpawnWorker`` and ``rq.HerokuWorker`` become rq-epoch's.
+  ``0`` (or unset) runs stock RQ, for the comparison.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _substitute() -> None:
 
     import rq_epoch
 
-    flavours = [f for f in os.environ.get('RQ_SUITE_FLAVOURS', 'SimpleWorker,SpawnWorker').split(',') if f]
+    flavours = [f for f in os.environ.get('RQ_SUITE_FLAVOURS', 'SimpleWorker,SpawnWorker,HerokuWorker').split(',') if f]
     for module in (rq, rq.worker):
         module.Worker = rq_epoch.Worker  # type: ignore[attr-defined,misc]
         for name in flavours:
