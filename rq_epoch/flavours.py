@@ -14,7 +14,7 @@ warning and the server counts it). The keeper logs a warning as soon as it learn
 
 ``rq worker --worker-class rq_epoch.SpawnWorker`` starts each work-horse with
 ``posix_spawn`` instead of ``fork`` (RQ's ``SpawnWorker``). The work-horse is a new process
-that reads the worker, the job and the execution from the server before the job starts;
+that reads the worker and the job from the server before the job starts;
 rq-epoch starts it its own way on both RQ versions, so that it rebuilds rq-epoch's worker
 class (RQ 2's rebuilt a stock ``rq.Worker``), connects through the sentinels when the worker
 does (RQ's passes the connection's settings as text, which a Sentinel pool does not survive),
@@ -172,10 +172,13 @@ class SpawnWorker(Worker, RQSpawnWorker):
     * the work-horse connects as the worker does: through the sentinels to the current
       primary for a Sentinel-managed connection, and with the worker's connection class
       otherwise (TLS, a Unix socket), see :func:`connection_spec`;
-    * the worker, the job and the execution it reads before the job starts are read again
-      after a server outage (a restart, a failover), with backoff for up to
-      :attr:`outcome_retry_limit` seconds, as a forked work-horse's preparation is: the
-      job has not started, so an outage there must not fail it.
+    * the worker and the job it reads before the job starts are read again after a server
+      outage (a restart, a failover), with backoff for up to :attr:`outcome_retry_limit`
+      seconds, as a forked work-horse's preparation is: the job has not started, so an
+      outage there must not fail it;
+    * the execution is the one the worker made, passed on, not read back from the server:
+      its record may have expired while the worker was frozen, and the execution may still
+      hold its lease when the worker thaws.
     """
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
@@ -205,7 +208,12 @@ class SpawnWorker(Worker, RQSpawnWorker):
                 'serializer': self._serializer_arg,
                 'job_id': job.id,
                 'queue_name': queue.name,
-                'execution_id': self.execution.id,
+                'execution': {
+                    'id': self.execution.id,
+                    'worker_name': self.execution.worker_name,
+                    'created_at': self.execution.created_at,
+                    'last_heartbeat': self.execution.last_heartbeat,
+                },
                 'max_backoff': self._max_backoff(),
                 'attributes': {
                     'death_penalty_class': self.death_penalty_class,
@@ -318,7 +326,8 @@ def _spawned_horse() -> None:
 
 
 def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any] | None:
-    """The worker (None if its key is gone), the job and its queue, read from the server."""
+    """The worker (None if its key is gone), the job and its queue, read from the server, and
+    the worker's execution of the job."""
     from rq.executions import Execution
 
     worker = spec['worker_class'].find_by_key(
@@ -345,7 +354,11 @@ def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any] | 
         serializer=worker.serializer,
         death_penalty_class=worker.death_penalty_class,
     )
-    execution = Execution.fetch(spec['execution_id'], job.id, connection=connection)
+    # The execution as the worker made it, not read back: its record may have expired by now
+    # (a worker frozen past its lease, which this execution may still hold once it thaws).
+    made = spec['execution']
+    execution = Execution(made['id'], job.id, connection=connection, worker_name=made['worker_name'])
+    execution.created_at, execution.last_heartbeat = made['created_at'], made['last_heartbeat']
     execution._job = job  # the job as the worker's job class made it
     worker.execution = execution
     return worker, job, queue

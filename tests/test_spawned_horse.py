@@ -11,8 +11,10 @@ worker itself quits, see ``test_restart_ride_through.py``, so there is no stock 
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -138,3 +140,35 @@ def test_the_work_horse_connection_is_rebuilt_with_the_workers_class_and_setting
     assert rebuilt.connection_pool.connection_class is connection_class
     kwargs = rebuilt.connection_pool.connection_kwargs
     assert {name: kwargs.get(name) for name in expected} == expected
+
+
+def test_a_spawned_work_horse_runs_the_job_when_the_execution_record_expired_while_the_worker_froze(
+    server, proxy, start_worker, tmp_path: Path
+) -> None:
+    """The worker and its starting work-horse freeze past the lease; the execution's record
+    expires meanwhile, nothing sweeps, and the worker thaws still holding the lease. The
+    work-horse runs the job: it is given the execution, it does not read the expired record."""
+    log = tmp_path / 'log'
+    name = f'spawner-{uuid.uuid4().hex[:8]}'
+    worker = start_worker('spawn-frozen', worker_class='rq_epoch.SpawnWorker', url=proxy.url, args=['--name', name])
+    conn = server.client()
+    queue = Queue('spawn-frozen', connection=conn)
+    wait_for(lambda: 'cleaning registries' in worker.output(), 30, what="the worker's first maintenance")
+    wait_for(lambda: not conn.exists(queue.registry_cleaning_key), 30, what='the maintenance done')
+    proxy.hold(_first_read_of(name))
+    job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
+    assert proxy.held.wait(30), "the work-horse's first read never came"
+    execution_key = f'rq:execution:{job.id}:{conn.hget(job.key, "lease_execution").decode()}'
+    os.kill(worker.pid, signal.SIGSTOP)  # a frozen machine: no heartbeat renews the record
+    try:
+        wait_for(lambda: not conn.exists(execution_key), 30, what='the execution record expired')
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    proxy.release()
+    wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
+    job = Job.fetch(job.id, connection=conn)
+    assert log.read_text().count('ran ') == 1
+    assert job.retries_left == 1 and conn.lrange(f'test:on_failure:{job.id}', 0, -1) == []
+    assert [r.type.name for r in job.results()] == ['SUCCESSFUL']
+    assert (job.stalled, job.exempt_recoveries) == (0, 0)
+    assert 'Work-horse terminated' not in worker.output()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .plan import EPOCH, FLAGS, SIDES, Config, make_plan
+from .plan import EPOCH, FLAGS, SIDES, WORKER_CLASSES, Config, make_plan
 from .processes import become_subreaper
 from .report import describe, table, to_json
 from .results import SideResult
@@ -97,6 +97,12 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     )
     p.add_argument(
         '--min-replicas', type=int, default=d.min_replicas, help='min-replicas-to-write on every server (Sentinel)'
+    )
+    p.add_argument(
+        '--worker-class',
+        choices=WORKER_CLASSES,
+        default=d.worker_class,
+        help='rq_epoch.<class> on the rq-epoch side, rq.<class> on the stock side',
     )
     p.add_argument('--json', type=Path, default=None, help='write the results as JSON here')
     p.add_argument('--markdown', type=Path, default=None, help='write the tables (markdown) here')

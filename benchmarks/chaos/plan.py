@@ -75,6 +75,9 @@ class Config:
     primary_freeze_for: float = 8.0
     #: Sentinel topology: ``min-replicas-to-write`` on every server (0: off).
     min_replicas: int = 0
+    #: The worker class of both sides: ``Worker`` (a forked work-horse per job), ``SpawnWorker``
+    #: (a spawned one) or ``HerokuWorker``; rq-epoch's side runs ``rq_epoch.<class>``, stock ``rq.<class>``.
+    worker_class: str = 'Worker'
 
     @property
     def queue_names(self) -> tuple[str, ...]:
@@ -136,6 +139,9 @@ class Config:
         return shlex.join(argv)
 
 
+#: Worker classes a chaos run can use (the job must run in a work-horse: the ledger records its parent).
+WORKER_CLASSES = ('Worker', 'SpawnWorker', 'HerokuWorker')
+
 FLAGS = {
     'jobs': '--jobs',
     'pills': '--pills',
@@ -171,6 +177,7 @@ FLAGS = {
     'primary_freezes': '--primary-freezes',
     'primary_freeze_for': '--primary-freeze-for',
     'min_replicas': '--min-replicas',
+    'worker_class': '--worker-class',
 }
 
 

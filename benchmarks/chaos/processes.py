@@ -95,9 +95,11 @@ class Supervisor:
         argv = [sys.executable, '-m', 'rq.cli', 'worker', *self.connection]
         argv += ['--job-monitoring-interval', str(self.cfg.heartbeat)]
         if self.side == EPOCH:
-            argv += ['--worker-class', 'rq_epoch.Worker']
+            argv += ['--worker-class', f'rq_epoch.{self.cfg.worker_class}']
         else:
             argv += ['--maintenance-interval', str(self.cfg.sweep_interval)]
+            if self.cfg.worker_class != 'Worker':
+                argv += ['--worker-class', f'rq.{self.cfg.worker_class}']
         return argv + list(self.cfg.queue_names)
 
     def start(self, slot: Slot) -> None:
