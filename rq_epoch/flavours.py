@@ -301,8 +301,9 @@ def _address(client: Redis) -> tuple[str, int]:
 def _spawned_horse() -> None:
     """Entry point of a work-horse started by :class:`SpawnWorker`.
 
-    Rebuilds the worker, the job, its queue and the execution from the server, riding out
-    an outage meanwhile, then runs the job as RQ's work-horse does.
+    Rebuilds the worker and the job from the server, riding out an outage meanwhile, and
+    the execution from what the worker sent; watches the primary as the worker does; then
+    runs the job as RQ's work-horse does.
     """
     spec = pickle.loads(bytes.fromhex(os.environ.pop('RQ_EPOCH_SPAWN_PAYLOAD')))
     worker_class = spec['worker_class']
@@ -321,13 +322,17 @@ def _spawned_horse() -> None:
     rebuilt = with_backoff(lambda: _rebuild(spec, connection), give_up, spec['max_backoff'], unreachable)
     if rebuilt is None:
         sys.exit(1)
-    worker, job, queue = rebuilt
+    worker, job, queue, run_id = rebuilt
+    # A forked work-horse inherits the worker's watch of the primary; a spawned one needs its
+    # own, or after a failover its outcome would go to the demoted primary.
+    worker._known_run_id = run_id
+    worker.primary_watch = worker.watch_primary(run_id)
     worker.main_work_horse(job, queue)
 
 
-def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any] | None:
-    """The worker (None if its key is gone), the job and its queue, read from the server, and
-    the worker's execution of the job."""
+def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any, str] | None:
+    """The worker (None if its key is gone), the job, its queue and the server's run_id, read
+    from the server; the worker is given its execution of the job."""
     from rq.executions import Execution
 
     worker = spec['worker_class'].find_by_key(
@@ -341,11 +346,7 @@ def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any] | 
         return None
     for name, value in spec['attributes'].items():
         setattr(worker, name, value)
-    # A forked work-horse inherits the worker's watch of the primary; a spawned one needs its
-    # own, or after a failover its outcome would go to the demoted primary.
     run_id = read_epoch(connection).run_id
-    worker._known_run_id = run_id
-    worker.primary_watch = worker.watch_primary(run_id)
     job = worker.job_class.fetch(spec['job_id'], connection=connection, serializer=worker.serializer)
     queue = worker.queue_class(
         spec['queue_name'],
@@ -361,4 +362,4 @@ def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any] | 
     execution.created_at, execution.last_heartbeat = made['created_at'], made['last_heartbeat']
     execution._job = job  # the job as the worker's job class made it
     worker.execution = execution
-    return worker, job, queue
+    return worker, job, queue, run_id
