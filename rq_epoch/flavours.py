@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, cast
 from redis import ConnectionPool, Redis
 from redis.sentinel import Sentinel
 from rq.connections import get_connection_kwargs
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.logutils import setup_loghandlers
 from rq.worker import BaseWorker
 from rq.worker import HerokuWorker as RQHerokuWorker
 from rq.worker import SimpleWorker as RQSimpleWorker
@@ -181,15 +183,24 @@ class SpawnWorker(Worker, RQSpawnWorker):
       hold its lease when the worker thaws.
     """
 
-    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
-        """Check that the work-horse can be given this worker's connection, then start as RQ does."""
+    def bootstrap(
+        self,
+        logging_level: str | None = 'INFO',
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
+        """Check that the work-horse can be given this worker's connection, then start as RQ does.
+
+        The work-horses log as the worker does (the same level and formats).
+        """
         try:
             pickle.dumps(connection_spec(self.connection))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigurationError(
                 f'SpawnWorker cannot pass its connection settings to a work-horse process: {exc}'
             ) from exc
-        super().bootstrap(*args, **kwargs)
+        self._horse_logging = (logging_level, date_format, log_format)
+        super().bootstrap(logging_level, date_format, log_format)
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         """Spawn a work-horse that rebuilds this worker, then runs the job as RQ does."""
@@ -202,6 +213,8 @@ class SpawnWorker(Worker, RQSpawnWorker):
             {
                 'worker_class': type(self),
                 'worker_key': self.key,
+                'worker_name': self.name,
+                'logging': getattr(self, '_horse_logging', None),
                 'connection': connection_spec(self.connection),
                 'job_class': self.job_class,
                 'queue_class': self.queue_class,
@@ -301,19 +314,23 @@ def _address(client: Redis) -> tuple[str, int]:
 def _spawned_horse() -> None:
     """Entry point of a work-horse started by :class:`SpawnWorker`.
 
-    Rebuilds the worker and the job from the server, riding out an outage meanwhile, and
-    the execution from what the worker sent; watches the primary as the worker does; then
-    runs the job as RQ's work-horse does.
+    Logs as the worker does; rebuilds the worker and the job from the server, riding out an
+    outage meanwhile, and the execution from what the worker sent; watches the primary as the
+    worker does; then runs the job as RQ's work-horse does.
     """
     spec = pickle.loads(bytes.fromhex(os.environ.pop('RQ_EPOCH_SPAWN_PAYLOAD')))
     worker_class = spec['worker_class']
+    if spec['logging'] is not None:
+        level, date_format, log_format = spec['logging']
+        for name in ('rq.worker', 'rq_epoch'):
+            setup_loghandlers(level, date_format, log_format, name=name)
     connection = rebuild_connection(spec['connection'])
 
     def unreachable(exc: Exception, attempt: int) -> None:
         if attempt == 0:
             logging.getLogger('rq.worker').warning(
-                'Work-horse %s: server unreachable before job %s started (%s); retrying',
-                os.getpid(),
+                'Worker %s: server unreachable before job %s started (%s); retrying',
+                spec['worker_name'],
                 spec['job_id'],
                 exc,
             )

@@ -74,6 +74,7 @@ def test_a_restart_while_the_spawned_work_horse_starts_neither_fails_nor_retries
     assert [r.type.name for r in job.results()] == ['SUCCESSFUL']
     assert (job.stalled, job.exempt_recoveries) == (0, 0)
     assert f'server unreachable before job {job.id} started' in worker.output()
+    assert f'Job OK ({job.id})' in worker.output()  # the work-horse logs as the worker does
     assert 'Work-horse terminated' not in worker.output()
     assert worker.proc.poll() is None
 
