@@ -179,10 +179,17 @@ def test_a_worker_killed_after_taking_a_job_it_never_began_accounts_for_the_coun
 
 
 @pytest.mark.slow
-def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path) -> None:
-    """Two restarts, a kill, a freeze and a poison pill: every invariant holds, nothing is left behind."""
+@pytest.mark.parametrize('worker_class', ['Worker', 'SpawnWorker'])
+def test_small_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path, worker_class: str) -> None:
+    """Two restarts, a kill, a freeze and a poison pill: every invariant holds, nothing is left behind.
+
+    With forked work-horses, and with spawned ones (their own process: they connect and read
+    the worker and the job themselves, where a restart or a freeze can meet them)."""
     out = tmp_path / 'chaos.json'
-    argv = [sys.executable, '-m', 'benchmarks.chaos', *SMALL, '--json', str(out), '--workdir', str(tmp_path / 'w')]
+    argv = [
+        sys.executable, '-m', 'benchmarks.chaos', *SMALL, '--worker-class', worker_class,
+        '--json', str(out), '--workdir', str(tmp_path / 'w'),
+    ]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=240)
