@@ -39,44 +39,47 @@ def _first_read_of(worker_name: str) -> bytes:
     return f'$6\r\nEXISTS\r\n${len(key)}\r\n{key}\r\n'.encode()
 
 
-def _restart_while_the_horse_starts(server, proxy, worker, queue: Queue, log: Path, name: str) -> Job:
-    """Enqueue a job; the server restarts while the work-horse's first read is held."""
+def _held_at_the_first_read(start_worker, proxy, conn, queue_name: str, log: Path):
+    """A SpawnWorker through the proxy, and a job whose work-horse's first read is held there."""
+    name = f'spawner-{uuid.uuid4().hex[:8]}'
+    worker = start_worker(queue_name, worker_class='rq_epoch.SpawnWorker', url=proxy.url, args=['--name', name])
+    queue = Queue(queue_name, connection=conn)
     # The worker's first maintenance also sends EXISTS of its own key (RQ's cleaning of the
     # worker registry): hold only after it, once the maintenance lock is released.
     wait_for(lambda: 'cleaning registries' in worker.output(), 30, what="the worker's first maintenance")
-    wait_for(lambda: not queue.connection.exists(queue.registry_cleaning_key), 30, what='the maintenance done')
+    wait_for(lambda: not conn.exists(queue.registry_cleaning_key), 30, what='the maintenance done')
     proxy.hold(_first_read_of(name))
     job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
     assert proxy.held.wait(30), "the work-horse's first read never came"
-    server.stop()
-    proxy.release()
-    wait_for(lambda: 'before job' in worker.output(), 30, what='the work-horse meeting the outage')
-    server.start()
-    return job
+    return worker, job
+
+
+def _ran_once_unharmed(conn, job: Job, log: Path, worker) -> None:
+    """The job finished, its function ran once; no failure callback, no retry spent, uncounted."""
+    wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
+    job = Job.fetch(job.id, connection=conn)
+    assert log.read_text().count('ran ') == 1
+    assert job.retries_left == 1 and conn.lrange(f'test:on_failure:{job.id}', 0, -1) == []
+    assert [r.type.name for r in job.results()] == ['SUCCESSFUL']
+    assert (job.stalled, job.exempt_recoveries) == (0, 0)
+    assert 'Work-horse terminated' not in worker.output()
+    assert worker.proc.poll() is None
 
 
 def test_a_restart_while_the_spawned_work_horse_starts_neither_fails_nor_retries_the_job(
     server, proxy, start_worker, tmp_path: Path
 ) -> None:
     log = tmp_path / 'log'
-    name = f'spawner-{uuid.uuid4().hex[:8]}'
-    worker = start_worker('spawn-outage', worker_class='rq_epoch.SpawnWorker', url=proxy.url, args=['--name', name])
     old_run_id = server.run_id()
-    queue = Queue('spawn-outage', connection=server.client())
-    job = _restart_while_the_horse_starts(server, proxy, worker, queue, log, name)
-    conn = server.client()
+    worker, job = _held_at_the_first_read(start_worker, proxy, server.client(), 'spawn-outage', log)
+    server.stop()
+    proxy.release()
+    wait_for(lambda: 'before job' in worker.output(), 30, what='the work-horse meeting the outage')
+    server.start()
     assert server.run_id() != old_run_id
-    wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
-    job = Job.fetch(job.id, connection=conn)
-    assert log.read_text().count('ran ') == 1
-    assert conn.lrange(f'test:on_failure:{job.id}', 0, -1) == []
-    assert job.retries_left == 1
-    assert [r.type.name for r in job.results()] == ['SUCCESSFUL']
-    assert (job.stalled, job.exempt_recoveries) == (0, 0)
+    _ran_once_unharmed(server.client(), job, log, worker)
     assert f'server unreachable before job {job.id} started' in worker.output()
     assert f'Job OK ({job.id})' in worker.output()  # the work-horse logs as the worker does
-    assert 'Work-horse terminated' not in worker.output()
-    assert worker.proc.poll() is None
 
 
 @pytest.fixture
@@ -146,19 +149,12 @@ def test_the_work_horse_connection_is_rebuilt_with_the_workers_class_and_setting
 def test_a_spawned_work_horse_runs_the_job_when_the_execution_record_expired_while_the_worker_froze(
     server, proxy, start_worker, tmp_path: Path
 ) -> None:
-    """The worker and its starting work-horse freeze past the lease; the execution's record
+    """The worker freezes past the lease while its work-horse starts; the execution's record
     expires meanwhile, nothing sweeps, and the worker thaws still holding the lease. The
     work-horse runs the job: it is given the execution, it does not read the expired record."""
     log = tmp_path / 'log'
-    name = f'spawner-{uuid.uuid4().hex[:8]}'
-    worker = start_worker('spawn-frozen', worker_class='rq_epoch.SpawnWorker', url=proxy.url, args=['--name', name])
     conn = server.client()
-    queue = Queue('spawn-frozen', connection=conn)
-    wait_for(lambda: 'cleaning registries' in worker.output(), 30, what="the worker's first maintenance")
-    wait_for(lambda: not conn.exists(queue.registry_cleaning_key), 30, what='the maintenance done')
-    proxy.hold(_first_read_of(name))
-    job = queue.enqueue('tests.jobs.record', str(log), 'ran', retry=Retry(max=1), on_failure=ON_FAILURE)
-    assert proxy.held.wait(30), "the work-horse's first read never came"
+    worker, job = _held_at_the_first_read(start_worker, proxy, conn, 'spawn-frozen', log)
     execution_key = f'rq:execution:{job.id}:{conn.hget(job.key, "lease_execution").decode()}'
     os.kill(worker.pid, signal.SIGSTOP)  # a frozen machine: no heartbeat renews the record
     try:
@@ -166,10 +162,4 @@ def test_a_spawned_work_horse_runs_the_job_when_the_execution_record_expired_whi
     finally:
         os.kill(worker.pid, signal.SIGCONT)
     proxy.release()
-    wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
-    job = Job.fetch(job.id, connection=conn)
-    assert log.read_text().count('ran ') == 1
-    assert job.retries_left == 1 and conn.lrange(f'test:on_failure:{job.id}', 0, -1) == []
-    assert [r.type.name for r in job.results()] == ['SUCCESSFUL']
-    assert (job.stalled, job.exempt_recoveries) == (0, 0)
-    assert 'Work-horse terminated' not in worker.output()
+    _ran_once_unharmed(conn, job, log, worker)
