@@ -109,6 +109,16 @@ class WorkerProcess:
     def output(self) -> str:
         return self.log.read_text(errors='replace') if self.log.exists() else ''
 
+    def stock_burst_done(self, timeout: float = 60.0) -> None:
+        """Wait for a stock RQ burst worker's burst to end: RQ's "done, quitting" line, or its exit.
+
+        Then RQ 3.0's worker with redis-py 8.2 may wait up to a minute for its pubsub thread
+        before the process ends (rq-epoch's workers do not: ``rq_epoch.Worker.unsubscribe``);
+        a test about something else need not wait for that.
+        """
+        wait_for(lambda: 'done, quitting' in self.output() or self.proc.poll() is not None, timeout, what='the burst')
+        assert self.proc.poll() in (None, 0), self.output()
+
 
 @pytest.fixture
 def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:

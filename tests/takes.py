@@ -50,10 +50,7 @@ def stock_lost(conn: redis.Redis, queue_names: list[str], job_id: str, log: Path
     assert conn.hget(keys.job_key(job_id), 'status') == b'queued'
     assert nowhere(conn, queue_names, job_id)
     stock = start_worker(*queue_names, worker_class=None, burst=True)  # runs its maintenance first
-    # Its burst is over at "done, quitting". (Then RQ 3.0 with redis-py 8.2 may wait up to a
-    # minute for its pubsub thread before the process ends; rq-epoch's workers do not.)
-    wait_for(lambda: 'done, quitting' in stock.output() or stock.proc.poll() is not None, 60, what='the stock burst')
-    assert stock.proc.poll() in (None, 0), stock.output()
+    stock.stock_burst_done()
     assert Sweeper(conn, restart_grace=0).sweep(queue_names).total == 0
     assert conn.hget(keys.job_key(job_id), 'status') == b'queued'
     assert nowhere(conn, queue_names, job_id)

@@ -160,7 +160,10 @@ def test_the_take_follows_rqs_dequeue_order(conn, start_worker, tmp_path: Path) 
             worker = start_worker(
                 *queue_names, worker_class=worker_class, burst=True, args=['--dequeue-strategy', strategy]
             )
-            worker.proc.wait(60)
+            if worker_class is None:
+                worker.stock_burst_done()
+            else:
+                worker.proc.wait(60)
             orders[strategy, side] = [line.split()[0] for line in log.read_text().splitlines()]
     for strategy in ('default', 'round_robin'):
         assert orders[strategy, 'rq-epoch'] == orders[strategy, 'stock']
