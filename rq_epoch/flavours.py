@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any, cast
 from redis import ConnectionPool, Redis
 from redis.sentinel import Sentinel
 from rq.connections import get_connection_kwargs
-from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.logutils import setup_loghandlers
 from rq.worker import BaseWorker
 from rq.worker import HerokuWorker as RQHerokuWorker
@@ -183,24 +182,15 @@ class SpawnWorker(Worker, RQSpawnWorker):
       hold its lease when the worker thaws.
     """
 
-    def bootstrap(
-        self,
-        logging_level: str | None = 'INFO',
-        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
-        log_format: str = DEFAULT_LOGGING_FORMAT,
-    ) -> None:
-        """Check that the work-horse can be given this worker's connection, then start as RQ does.
-
-        The work-horses log as the worker does (the same level and formats).
-        """
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """Check that the work-horse can be given this worker's connection, then start as RQ does."""
         try:
             pickle.dumps(connection_spec(self.connection))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigurationError(
                 f'SpawnWorker cannot pass its connection settings to a work-horse process: {exc}'
             ) from exc
-        self._horse_logging = (logging_level, date_format, log_format)
-        super().bootstrap(logging_level, date_format, log_format)
+        super().bootstrap(*args, **kwargs)
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         """Spawn a work-horse that rebuilds this worker, then runs the job as RQ does."""
@@ -214,7 +204,7 @@ class SpawnWorker(Worker, RQSpawnWorker):
                 'worker_class': type(self),
                 'worker_key': self.key,
                 'worker_name': self.name,
-                'logging': getattr(self, '_horse_logging', None),
+                'logging': self.log_settings,
                 'connection': connection_spec(self.connection),
                 'job_class': self.job_class,
                 'queue_class': self.queue_class,

@@ -103,6 +103,8 @@ class Worker(Heartbeats):
         self.last_sweep_report: SweepReport | None = None
         #: Follows the primary after a failover; installed at :meth:`bootstrap`.
         self.primary_watch: PrimaryWatch | None = None
+        #: How this worker logs (level, date format, format), as given to :meth:`bootstrap`.
+        self.log_settings: tuple[str | None, str, str] | None = None
 
     # -- start -----------------------------------------------------------------------
 
@@ -120,6 +122,7 @@ class Worker(Heartbeats):
         Raises:
             EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
         """
+        self.log_settings = (logging_level, date_format, log_format)
         current = read_epoch(self.connection)
         scripts.load_all(self.connection)
         self._known_run_id = current.run_id
