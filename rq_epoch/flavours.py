@@ -268,7 +268,6 @@ def connection_spec(connection: Redis) -> dict[str, Any]:
             'sentinels': [_address(client) for client in manager.sentinels],
             'min_other_sentinels': manager.min_other_sentinels,
             'sentinel_kwargs': manager.sentinel_kwargs,
-            'connection_kwargs': manager.connection_kwargs,
         }
     else:
         spec['connection_class'] = next(
@@ -281,11 +280,11 @@ def rebuild_connection(spec: dict[str, Any]) -> Redis:
     """A client connected as the one :func:`connection_spec` described."""
     sentinel = spec.get('sentinel')
     if sentinel is not None:
+        # The pool's settings (spec['kwargs']) already hold the Sentinel's connection settings.
         manager = Sentinel(
             sentinel['sentinels'],
             min_other_sentinels=sentinel['min_other_sentinels'],
             sentinel_kwargs=sentinel['sentinel_kwargs'],
-            **sentinel['connection_kwargs'],
         )
         return manager.master_for(sentinel['service_name'], redis_class=spec['redis_class'], **spec['kwargs'])
     pool = ConnectionPool(connection_class=spec['connection_class'], **spec['kwargs'])
