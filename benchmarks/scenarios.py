@@ -153,6 +153,57 @@ return #members
 """
 )
 
+#: The floor with the writes that rq-epoch's specification adds to a requeue, and nothing else
+#: (``docs/design.md``: the verdict table, the job's fields, fencing): the job's uncounted-recovery
+#: count goes up for an exempt lease and its stall count for a counted one (the stall budget,
+#: ``max_stalled``, read to tell a recovery from a death), and the job records that a sweep took
+#: the execution's lease (``taken:<execution>``), which is how a late heartbeat learns that its
+#: lease is gone. One command per write, as the floor. No verdict records, no restart grace, no
+#: replica check, no stock entries, no stall history; only the two counters the interleaved run
+#: checks (``recovered``, ``last_sweep``). Called like the sweep script (its KEYS and ARGV) on the
+#: leases the script judges, with its reply's shape: what any sweep that keeps the specification
+#: costs at least, so the target of 1.3× the floor can be read against it.
+SPECIFIED_FLOOR_SCRIPT = (
+    _FLOOR_HEAD
+    + """
+local recovered = 0
+for _, job_id in ipairs(members) do
+  local job_key = prefix .. ':job:' .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution', 'stalled', 'max_stalled',
+                       'exempt_recoveries')
+  if f[1] == 'started' then
+    local exec_id = f[3]
+    local member = job_id .. ':' .. exec_id
+    local counted = f[2] == run_id
+    local stalled = tonumber(f[4]) or 0
+    local max_stalled = tonumber(f[5]) or tonumber(ARGV[4])
+    if not counted or stalled + 1 < max_stalled then
+      redis.call('ZREM', KEYS[1], job_id)
+      redis.call('ZREM', KEYS[2], member)
+      local execution_key = prefix .. ':execution:' .. member
+      local worker = redis.call('HGET', execution_key, 'worker_name')
+      redis.call('DEL', execution_key)
+      redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+      if worker then redis.call('SREM', prefix .. ':worker:' .. worker .. ':executions', member) end
+      if counted then
+        redis.call('HSET', job_key, 'status', 'queued', 'stalled', stalled + 1, 'taken:' .. exec_id, 'recovered')
+        recovered = recovered + 1
+      else
+        redis.call('HSET', job_key, 'status', 'queued', 'exempt_recoveries', (tonumber(f[6]) or 0) + 1,
+                   'taken:' .. exec_id, 'exempt')
+      end
+      redis.call('LPUSH', queue_key, job_id)
+    end
+  end
+end
+if recovered > 0 then redis.call('HINCRBY', KEYS[4], 'recovered', recovered) end
+redis.call('HSET', KEYS[4], 'last_sweep', tostring(now))
+local more = 0
+if #members >= tonumber(ARGV[3]) then more = 1 end
+return {run_id, 0, tostring(now), 'master', 0, 0, 0, 0, more, 0, 0, 0, #members, ''}
+"""
+)
+
 #: Less than any sweep can do: read each expired lease's job and drop the lease, nothing else
 #: (the job is not requeued, RQ's records stay). How the cost of walking the lease set and the
 #: keyspace grows with N, apart from the writes.

@@ -60,7 +60,11 @@ set: the floor is the same for both verdicts. The steps' edits remove duties of 
 verdict, so this option is meant with ``--floors-only``. ``--written-out`` also calls the script
 with its common case written out flat (:data:`WRITTEN_OUT`; with ``--floors-only``, beside the
 script without its duties, :data:`WITHOUT_DUTIES`): what the script's structure costs, apart
-from its duties.
+from its duties. ``--specified`` also calls the *specified floor*
+(:data:`benchmarks.scenarios.SPECIFIED_FLOOR_SCRIPT`): the floor with the writes that rq-epoch's
+specification adds to a requeue (the uncounted-recovery or stall count, the record of a taken
+lease), called like the script on the leases the script judges; the ``× specified floor``
+column compares with it. It is the least any sweep that keeps the specification can cost.
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
@@ -70,6 +74,7 @@ from its duties.
     python -m benchmarks.sweep_anatomy --interleave --sizes 20000,200000 --side-by-side
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --rounds 3
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --verdict recovered
+    python -m benchmarks.sweep_anatomy --interleave --sizes 100000 --floors-only --written-out --specified
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -90,7 +95,16 @@ from rq_epoch.settings import EpochSettings
 
 from .common import comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
 from .fixture import EPOCH, enqueue_jobs, start_jobs
-from .scenarios import CASES, FLOOR, FLOOR_GATHERED_SCRIPT, FLOOR_SCRIPT, QUEUE, READ_AND_DROP_SCRIPT, prepare
+from .scenarios import (
+    CASES,
+    FLOOR,
+    FLOOR_GATHERED_SCRIPT,
+    FLOOR_SCRIPT,
+    QUEUE,
+    READ_AND_DROP_SCRIPT,
+    SPECIFIED_FLOOR_SCRIPT,
+    prepare,
+)
 
 NAME = 'sweep_anatomy'
 FULL_SIZES = (10_000,)
@@ -411,6 +425,9 @@ def run(kind: str, sizes: tuple[int, ...], repeat: int, seed: int = 0) -> dict[s
 
 #: The label of the floor that sends its writes the way the sweep does (FLOOR_GATHERED_SCRIPT).
 GATHERED_FLOOR = 'floor, gathered'
+#: The label of SPECIFIED_FLOOR_SCRIPT (``--specified``): the floor with the writes the
+#: specification adds, called like the script, on the leases the script judges.
+SPECIFIED_FLOOR = 'floor, specified'
 #: The label of READ_AND_DROP_SCRIPT: less than any sweep does (read each job, drop each lease).
 READ_AND_DROP = 'read and drop'
 #: Variants called like the floor (KEYS: leases, wip; ARGV: prefix, queue, batch).
@@ -431,15 +448,20 @@ def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0, **optio
     return _interleaved_sets({n: conn}, seed, ballast, **options)
 
 
-def _sources(floors_only: bool = False, with_written_out: bool = False) -> list[tuple[str, str]]:
+def _sources(
+    floors_only: bool = False, with_written_out: bool = False, with_specified: bool = False
+) -> list[tuple[str, str]]:
     """(label, source) of every script an interleaved run calls: the variants and the floors.
 
     With ``with_written_out``, :data:`WRITTEN_OUT` after the script's variants (and, with
-    ``floors_only``, the :data:`WITHOUT_DUTIES` step beside it)."""
+    ``floors_only``, the :data:`WITHOUT_DUTIES` step beside it); with ``with_specified``,
+    :data:`SPECIFIED_FLOOR` before the floor."""
     extra = [written_out()] if with_written_out else []
+    if floors_only and with_written_out:
+        extra += [v for v in variants() if v[0] == WITHOUT_DUTIES]
+    if with_specified:
+        extra.append((SPECIFIED_FLOOR, SPECIFIED_FLOOR_SCRIPT))
     if floors_only:
-        if with_written_out:
-            extra += [v for v in variants() if v[0] == WITHOUT_DUTIES]
         return [variants()[0], *extra, ('floor', FLOOR_SCRIPT), (GATHERED_FLOOR, FLOOR_GATHERED_SCRIPT)]
     return [
         *variants(),
@@ -459,13 +481,14 @@ def _interleaved_sets(
     floors_only: bool = False,
     verdict: str = 'exempt',
     with_written_out: bool = False,
+    with_specified: bool = False,
 ) -> list[dict[str, Any]]:
     """One set of expired leases per entry of ``conns`` (size: a server of its own), every
     variant on every set called in turn, a batch per call, until one set runs out; ``rounds``
     times, each on sets made again, the calls of every round pooled. With ``verdict`` 'recovered'
     the script variants judge a second set of as many leases, stamped by the running server."""
     batch = Sweeper(next(iter(conns.values()))).settings.batch_size
-    sources = _sources(floors_only, with_written_out)
+    sources = _sources(floors_only, with_written_out, with_specified)
     labels = [label for label, _ in sources]
     walls: dict[tuple[int, str], list[float]] = {(n, label): [] for n in conns for label in labels}
     servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
@@ -478,6 +501,7 @@ def _interleaved_sets(
         floor_server = statistics.median(servers[n]['floor']) / batch
         floor_wall = statistics.median(walls[(n, 'floor')]) / batch * 1e6
         gathered_server = statistics.median(servers[n][GATHERED_FLOOR]) / batch
+        specified_server = statistics.median(servers[n][SPECIFIED_FLOOR]) / batch if with_specified else None
         for label in labels:
             server_us = statistics.median(servers[n][label]) / batch
             wall_us = statistics.median(walls[(n, label)]) / batch * 1e6
@@ -494,6 +518,7 @@ def _interleaved_sets(
                     'wall_vs_floor': ratio(wall_us, floor_wall),
                     'server_vs_floor': ratio(server_us, floor_server),
                     'server_vs_gathered_floor': ratio(server_us, gathered_server),
+                    'server_vs_specified_floor': ratio(server_us, specified_server) if specified_server else None,
                     'ok': ok[n] and len(servers[n][label]) == len(walls[(n, label)]),
                 }
             )
@@ -597,9 +622,9 @@ def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int, queue: str =
     return lambda: conn.evalsha(sha, len(sweep_keys), *sweep_keys, *args)
 
 
-def least_interleaved(floors_only: bool = False, with_written_out: bool = False) -> int:
+def least_interleaved(floors_only: bool = False, with_written_out: bool = False, with_specified: bool = False) -> int:
     """The fewest leases that give every variant two full batches with ``--interleave``."""
-    return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only, with_written_out))
+    return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only, with_written_out, with_specified))
 
 
 def _settings(conn: redis.Redis, names: dict[str, str] | None) -> dict[str, str]:
@@ -620,6 +645,7 @@ def run_interleaved(
     verdict: str = 'exempt',
     server_config: dict[str, str] | None = None,
     with_written_out: bool = False,
+    with_specified: bool = False,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
@@ -629,6 +655,7 @@ def run_interleaved(
         'floors_only': floors_only,
         'verdict': verdict,
         'with_written_out': with_written_out,
+        'with_specified': with_specified,
     }
     if side_by_side:
         with ExitStack() as stack:
@@ -656,6 +683,7 @@ def run_interleaved(
         'rounds': rounds,
         'floors_only': floors_only,
         'written_out': with_written_out,
+        'specified': with_specified,
         'verdict': verdict,
         'server_config': applied,
         'rows': rows,
@@ -670,6 +698,7 @@ INTERLEAVED_COLUMNS = (
     ('server µs/lease', 'server_us_per_lease'),
     ('server × floor', 'server_vs_floor'),
     ('server × gathered floor', 'server_vs_gathered_floor'),
+    ('server × specified floor', 'server_vs_specified_floor'),
     ('growth', 'growth'),
     ('wall µs/lease', 'wall_us_per_lease'),
     ('wall × floor', 'wall_vs_floor'),
@@ -678,8 +707,13 @@ INTERLEAVED_COLUMNS = (
 
 
 def render_interleaved(rows: list[dict[str, Any]]) -> str:
-    headers = [heading for heading, _ in INTERLEAVED_COLUMNS]
-    return table(headers, [[r[key] for _, key in INTERLEAVED_COLUMNS] for r in rows])
+    """The --interleave table; the specified floor's column only when it was called."""
+    columns = [
+        (heading, key)
+        for heading, key in INTERLEAVED_COLUMNS
+        if key != 'server_vs_specified_floor' or any(r.get(key) is not None for r in rows)
+    ]
+    return table([heading for heading, _ in columns], [[r.get(key) for _, key in columns] for r in rows])
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -768,6 +802,13 @@ def main(argv: list[str] | None = None) -> int:
         "--floors-only, the script without its duties): what the script's structure costs",
     )
     p.add_argument(
+        '--specified',
+        action='store_true',
+        help='with --interleave: also call the floor with the writes the specification adds (the uncounted-recovery '
+        'and stall counts, the record of a taken lease), on the leases the script judges: what any sweep that keeps '
+        'the specification costs at least',
+    )
+    p.add_argument(
         '--server-config',
         action='append',
         default=[],
@@ -781,11 +822,12 @@ def main(argv: list[str] | None = None) -> int:
         or args.verdict != 'exempt'
         or bool(args.server_config)
         or args.written_out
+        or args.specified
     )
     if interleave_only and not args.interleave:
         p.error(
-            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict, --written-out and '
-            '--server-config apply to --interleave only'
+            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict, --written-out, --specified '
+            'and --server-config apply to --interleave only'
         )
     server_config = {}
     for setting in args.server_config:
@@ -801,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeat is not None:
             p.error('--repeat does not apply to --interleave: every variant is called until the leases run out')
         sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
-        least = least_interleaved(args.floors_only, args.written_out)
+        least = least_interleaved(args.floors_only, args.written_out, args.specified)
         if min(sizes) < least:
             p.error(f'--interleave needs at least {least} leases per size (two batches per variant)')
         if args.side_by_side and (len(sizes) < 2 or len(set(sizes)) != len(sizes)):
@@ -818,6 +860,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict=args.verdict,
             server_config=server_config,
             with_written_out=args.written_out,
+            with_specified=args.specified,
         )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)

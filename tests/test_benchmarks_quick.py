@@ -14,8 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from benchmarks import fixture, report
+from benchmarks.scenarios import CASES, QUEUE, SPECIFIED_FLOOR_SCRIPT, prepare
+from rq_epoch import Sweeper, keys
 from tests.conftest import ROOT, SERVER_KINDS
 
 #: Every test here runs a benchmark (or builds its fixture) with real servers and workers.
@@ -151,7 +154,7 @@ def test_sweep_anatomy_recovered_verdicts_are_judged_beside_the_floors_exempt_se
     assert all(row['ok'] and row['verdict'] == 'recovered' and row['calls'] >= 2 for row in doc['rows'])
 
 
-def test_sweep_anatomy_written_out_judges_as_the_script_does(tmp_path: Path) -> None:
+def test_sweep_anatomy_written_out_and_specified_floor_judge_as_the_script_does(tmp_path: Path) -> None:
     for verdict in ('exempt', 'recovered'):
         doc = run_quick(
             'sweep_anatomy',
@@ -161,19 +164,67 @@ def test_sweep_anatomy_written_out_judges_as_the_script_does(tmp_path: Path) -> 
             '600',
             '--floors-only',
             '--written-out',
+            '--specified',
             '--verdict',
             verdict,
         )
-        assert doc['written_out'] is True
+        assert doc['written_out'] is True and doc['specified'] is True
         assert [row['step'] for row in doc['rows']] == [
             'script alone',
             'written out',
             '- stock entries',
+            'floor, specified',
             'floor',
             'floor, gathered',
         ]
         # ok: every lease requeued, and with recovered every one counted as recovered
         assert all(row['ok'] and row['calls'] >= 2 for row in doc['rows']), doc['rows']
+        assert all(row['server_vs_specified_floor'] is not None for row in doc['rows'])
+
+
+#: The job fields the specified floor writes: the specification's part of a requeue.
+SPECIFIED_FIELDS = ('status', 'stalled', 'exempt_recoveries')
+
+
+def _after(conn: redis.Redis, job_ids: list[str], executions: dict[str, str]) -> dict[str, tuple]:
+    """Per job: the specified fields, the record of its taken lease, whether its lease and RQ's entry are gone,
+    and whether it is queued."""
+    queued = {job_id.decode() for job_id in conn.lrange(keys.queue_key(QUEUE), 0, -1)}
+    out = {}
+    for job_id in job_ids:
+        execution = executions[job_id]
+        fields = conn.hmget(keys.job_key(job_id), *SPECIFIED_FIELDS, keys.taken_field(execution))
+        out[job_id] = (
+            *fields,
+            conn.zscore(keys.leases_key(QUEUE), job_id),
+            conn.zscore(keys.wip_key(QUEUE), f'{job_id}:{execution}'),
+            job_id in queued,
+        )
+    return out
+
+
+@pytest.mark.parametrize('verdict', ['exempt', 'recovered'])
+def test_the_specified_floor_writes_what_the_sweep_writes_for_the_specification(
+    conn: redis.Redis, verdict: str
+) -> None:
+    """The same leases judged by the sweep and by the specified floor end alike in what the
+    specification asks (the counts, the record of the taken lease, requeued at the front)."""
+    ended = {}
+    for who in ('sweep', 'specified floor'):
+        jobs = prepare(conn, CASES[verdict], 5)
+        executions = {j: conn.hget(keys.job_key(j), 'lease_execution').decode() for j in jobs.job_ids}
+        if who == 'sweep':
+            report = Sweeper(conn, restart_grace=0).sweep([QUEUE])
+            assert {v.verdict for v in report.verdicts} == {verdict}
+        else:
+            lease_keys = [keys.leases_key(QUEUE), keys.wip_key(QUEUE), keys.finishing_key(), keys.stats_key(QUEUE)]
+            reply = conn.eval(SPECIFIED_FLOOR_SCRIPT, len(lease_keys), *lease_keys, keys.PREFIX, QUEUE, 30, 3)
+            assert int(reply[12]) == 5
+        ended[who] = sorted(_after(conn, jobs.job_ids, executions).values())
+    assert ended['sweep'] == ended['specified floor']
+    counted = {'exempt': (None, b'1'), 'recovered': (b'1', None)}[verdict]
+    assert all(row[:5] == (b'queued', *counted, verdict.encode(), None) for row in ended['sweep'])
+    assert all(row[5] is None and row[6] is True for row in ended['sweep'])
 
 
 def test_report_renders_every_section(results_dir: Path) -> None:
