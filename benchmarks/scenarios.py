@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
+from textwrap import indent
 from typing import Any
 
 import redis
@@ -86,6 +87,18 @@ local queue_key = prefix .. ':queue:' .. queue
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 """
 
+#: Per lease, the floors' writes that drop the lease of ``job_id`` and RQ's records of its
+#: execution ``member`` (``<job_id>:<exec_id>``), one command per write.
+_DROP_WRITES = """\
+redis.call('ZREM', KEYS[1], job_id)
+redis.call('ZREM', KEYS[2], member)
+local execution_key = prefix .. ':execution:' .. member
+local worker = redis.call('HGET', execution_key, 'worker_name')
+redis.call('DEL', execution_key)
+redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+if worker then redis.call('SREM', prefix .. ':worker:' .. worker .. ':executions', member) end
+"""
+
 #: The essential writes of an uncounted requeue, batch by batch (KEYS: leases, wip; ARGV:
 #: key prefix, queue name, batch). A lease's member is the job id; the job's
 #: ``lease_execution`` names the execution whose records go. Returns the number of leases
@@ -99,14 +112,9 @@ for _, job_id in ipairs(members) do
   if f[1] == 'started' and f[2] ~= run_id then
     local exec_id = f[3]
     local member = job_id .. ':' .. exec_id
-    redis.call('ZREM', KEYS[1], job_id)
-    redis.call('ZREM', KEYS[2], member)
-    local execution_key = prefix .. ':execution:' .. member
-    local worker = redis.call('HGET', execution_key, 'worker_name')
-    redis.call('DEL', execution_key)
-    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
-    if worker then redis.call('SREM', prefix .. ':worker:' .. worker .. ':executions', member) end
-    redis.call('HSET', job_key, 'status', 'queued')
+"""
+    + indent(_DROP_WRITES, '    ')
+    + """    redis.call('HSET', job_key, 'status', 'queued')
     redis.call('LPUSH', queue_key, job_id)
   end
 end
@@ -178,14 +186,9 @@ for _, job_id in ipairs(members) do
     local stalled = tonumber(f[4]) or 0
     local max_stalled = tonumber(f[5]) or tonumber(ARGV[4])
     if not counted or stalled + 1 < max_stalled then
-      redis.call('ZREM', KEYS[1], job_id)
-      redis.call('ZREM', KEYS[2], member)
-      local execution_key = prefix .. ':execution:' .. member
-      local worker = redis.call('HGET', execution_key, 'worker_name')
-      redis.call('DEL', execution_key)
-      redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
-      if worker then redis.call('SREM', prefix .. ':worker:' .. worker .. ':executions', member) end
-      if counted then
+"""
+    + indent(_DROP_WRITES, '      ')
+    + """      if counted then
         redis.call('HSET', job_key, 'status', 'queued', 'stalled', stalled + 1, 'taken:' .. exec_id, 'recovered')
         recovered = recovered + 1
       else
