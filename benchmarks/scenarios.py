@@ -169,8 +169,8 @@ return #members
 #: lease is gone. One command per write, as the floor. No verdict records, no restart grace, no
 #: replica check, no stock entries, no stall history; only the two counters the interleaved run
 #: checks (``recovered``, ``last_sweep``). Called like the sweep script (its KEYS and ARGV) on the
-#: leases the script judges, with its reply's shape: what any sweep that keeps the specification
-#: costs at least, so the target of 1.3× the floor can be read against it.
+#: leases the script judges, with its reply's shape: what the specification adds to the floor,
+#: measured the floor's way (a sweep that gathers its writes can cost less than this).
 SPECIFIED_FLOOR_SCRIPT = (
     _FLOOR_HEAD
     + """

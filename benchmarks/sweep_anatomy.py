@@ -64,7 +64,8 @@ from its duties. ``--specified`` also calls the *specified floor*
 (:data:`benchmarks.scenarios.SPECIFIED_FLOOR_SCRIPT`): the floor with the writes that rq-epoch's
 specification adds to a requeue (the uncounted-recovery or stall count, the record of a taken
 lease), called like the script on the leases the script judges; the ``× specified floor``
-column compares with it. It is the least any sweep that keeps the specification can cost.
+column compares with it. It sends one command per write, as the floor does: what the
+specification adds to the floor, not the least a sweep can cost (gathering writes saves more).
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
@@ -805,8 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         '--specified',
         action='store_true',
         help='with --interleave: also call the floor with the writes the specification adds (the uncounted-recovery '
-        'and stall counts, the record of a taken lease), on the leases the script judges: what any sweep that keeps '
-        'the specification costs at least',
+        'and stall counts, the record of a taken lease), on the leases the script judges',
     )
     p.add_argument(
         '--server-config',
