@@ -15,6 +15,7 @@ work-horse of a spawn worker). Environment:
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 _installed = False
@@ -52,6 +53,31 @@ def _substitute() -> None:
             if hasattr(module, name) and hasattr(rq_epoch, name):
                 setattr(module, name, getattr(rq_epoch, name))
     rq.worker_pool.Worker = rq_epoch.Worker  # type: ignore[attr-defined,misc]
+
+
+def pytest_configure(config: Any) -> None:
+    """Keep the test runner alive when one of RQ's tests signals the runner's own process group.
+
+    RQ's ``HerokuWorker`` test of the warm shutdown forks a child that moves itself into a
+    process group of its own, waits 0.1 s, then sends SIGRTMIN to the child's group. When the
+    child has not moved yet (a loaded machine), the signal goes to the group the child shares
+    with pytest, whose default action ends pytest. Pytest ignores it here; a child forked from
+    it inherits the handler and dies of the signal as it would by default, which is what the
+    test checks. (``run.py`` starts pytest in a session of its own, so such a signal cannot
+    reach what started it.)
+    """
+    sigrtmin = getattr(signal, 'SIGRTMIN', None)
+    if sigrtmin is None:
+        return
+    runner = os.getpid()
+
+    def shield(signum: int, frame: Any) -> None:
+        if os.getpid() == runner:
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(sigrtmin, shield)
 
 
 def install() -> None:

@@ -133,7 +133,11 @@ def run_pytest(source: Path, port: int, substitute: bool, tests: list[str], repo
             del environ[name]
     argv = [sys.executable, '-m', 'pytest', '-p', 'rq_epoch_suite', '-p', 'no:cacheprovider', '-q', '-W', 'ignore']
     argv += ['--no-header', '--tb=short', f'--junitxml={report}', *tests]
-    proc = subprocess.run(argv, cwd=source, env=environ, capture_output=True, text=True, check=False)
+    # A session of its own: a signal one of RQ's tests sends to pytest's process group (see
+    # rq_epoch_suite.pytest_configure) must not reach this script or what started it.
+    proc = subprocess.run(
+        argv, cwd=source, env=environ, capture_output=True, text=True, check=False, start_new_session=True
+    )
     results = outcomes(report) if report.exists() else {}
     if proc.returncode not in (0, 1) or not results:
         # Interrupted (a collection error, a missing module) or nothing ran: not a comparison.
