@@ -27,13 +27,17 @@ import signal
 import time
 
 
-def _wait():
+def _wait(ready):
+    ready.set()
     time.sleep(30)
 
 
 def test_signal_to_the_runners_group():
-    child = multiprocessing.get_context('fork').Process(target=_wait)
+    fork = multiprocessing.get_context('fork')
+    ready = fork.Event()
+    child = fork.Process(target=_wait, args=(ready,))
     child.start()
+    assert ready.wait(30)  # running its own code, as RQ's child is 0.1 s after the fork
     assert os.getpgid(child.pid) == os.getpgrp()  # the child shares pytest's group
     os.killpg(os.getpgid(child.pid), signal.SIGRTMIN)
     child.join(10)
