@@ -79,7 +79,8 @@ def test_a_restart_while_the_spawned_work_horse_starts_neither_fails_nor_retries
     assert server.run_id() != old_run_id
     _ran_once_unharmed(server.client(), job, log, worker)
     assert f'server unreachable before job {job.id} started' in worker.output()
-    assert f'Job OK ({job.id})' in worker.output()  # the work-horse logs as the worker does
+    # The work-horse logs as the worker does; its line comes after the outcome it reports.
+    wait_for(lambda: f'Job OK ({job.id})' in worker.output(), 30, what="the work-horse's 'Job OK' line")
 
 
 @pytest.fixture
