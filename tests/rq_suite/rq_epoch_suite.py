@@ -63,8 +63,9 @@ def pytest_configure(config: Any) -> None:
     child has not moved yet (a loaded machine), the signal goes to the group the child shares
     with pytest, whose default action ends pytest. Pytest ignores it here; a child forked from
     it inherits the handler and dies of the signal as it would by default, which is what the
-    test checks; one that arrives before the child has finished forking is lost (Python clears
-    pending handlers there), the test then fails, and ``run.py`` runs it again. (``run.py``
+    test checks; one that arrives before the child has finished forking is lost (CPython
+    clears the signals caught in that instant), the test then fails, and ``run.py`` runs it
+    again. (``run.py``
     starts pytest in a session of its own, so such a signal cannot reach what started it.)
     """
     sigrtmin = getattr(signal, 'SIGRTMIN', None)
