@@ -55,6 +55,18 @@ except ImportError:  # RQ 2.x
     RateLimitRegistry = None
     MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
 
+# RQ 3's worker-less failure functions, resolved once (None on RQ 2): a failed import would
+# search the whole path again at every dead letter.
+_rq3_failure_callback: Any
+_rq3_record_job_failure: Any
+_rq3_release_slot: Any
+try:
+    from rq.callbacks import execute_failure_callback as _rq3_failure_callback  # type: ignore[no-redef]
+    from rq.job_lifecycle import record_job_failure as _rq3_record_job_failure  # type: ignore[no-redef]
+    from rq.rate_limit import release_slot as _rq3_release_slot  # type: ignore[no-redef]
+except ImportError:  # RQ 2.x
+    _rq3_failure_callback = _rq3_record_job_failure = _rq3_release_slot = None
+
 #: RQ's own ``Queue.enqueue_dependents`` (a queue class that overrides it is called as it is).
 _STOCK_ENQUEUE_DEPENDENTS = RQQueue.enqueue_dependents
 
@@ -83,12 +95,10 @@ def optional_text(value: Any) -> str | None:
 
 def execute_failure_callback(job: Job, death_penalty_class: type[BaseDeathPenalty], *exc_info: Any) -> None:
     """Run the job's ``on_failure`` callback under its timeout (RQ 3's function, RQ 2's Job method)."""
-    try:
-        from rq.callbacks import execute_failure_callback as run  # RQ 3
-    except ImportError:  # RQ 2.x
+    if _rq3_failure_callback is None:  # RQ 2.x
         job.execute_failure_callback(death_penalty_class, *exc_info)  # type: ignore[attr-defined]
     else:
-        run(job, death_penalty_class, *exc_info)
+        _rq3_failure_callback(job, death_penalty_class, *exc_info)
 
 
 def record_job_failure(job: Job, exc_string: str, pipeline: Pipeline) -> None:
@@ -96,13 +106,11 @@ def record_job_failure(job: Job, exc_string: str, pipeline: Pipeline) -> None:
 
     RQ 3's public ``rq.job_lifecycle.record_job_failure``; on RQ 2 the same two steps it takes.
     """
-    try:
-        from rq.job_lifecycle import record_job_failure as record  # RQ 3
-    except ImportError:  # RQ 2.x
+    if _rq3_record_job_failure is None:  # RQ 2.x
         job.set_status(JobStatus.FAILED, pipeline=pipeline)
         job._handle_failure(exc_string, pipeline)
     else:
-        record(job, exc_string, pipeline)
+        _rq3_record_job_failure(job, exc_string, pipeline)
 
 
 def move_dependents_to_ready(queue: Queue, job: Job) -> dict[str, list[str]]:
@@ -124,8 +132,5 @@ def move_dependents_to_ready(queue: Queue, job: Job) -> dict[str, list[str]]:
 
 def release_rate_limit_slot(job: Job) -> None:
     """Give back the job's rate-limit slot and promote waiting jobs (RQ 3; RQ 2 has no rate limits)."""
-    try:
-        from rq.rate_limit import release_slot
-    except ImportError:
-        return
-    release_slot(job)
+    if _rq3_release_slot is not None:
+        _rq3_release_slot(job)

@@ -28,12 +28,24 @@ from .settings import EpochSettings
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['CLAIM_BATCH', 'DeadLetters']
+__all__ = ['CLAIM_BATCH', 'DeadLetters', 'record_like']
 
 logger = logging.getLogger('rq_epoch')
 
 #: Dead letters claimed (and then finished, with one transaction for their failure Results) at a time.
 CLAIM_BATCH = 100
+
+
+def record_like(template: logging.LogRecord, args: tuple[Any, ...]) -> logging.LogRecord:
+    """A copy of a log record made by the logger, with its own arguments.
+
+    Same time, process and thread as ``template``: for the many lines of one batch, where
+    making each record anew would cost more than the rest of the line.
+    """
+    record = type(template).__new__(type(template))
+    record.__dict__.update(template.__dict__)
+    record.args = args
+    return record
 
 
 class DeadLetters:
@@ -47,6 +59,8 @@ class DeadLetters:
     claim_ttl: int
     death_penalty_class: type[BaseDeathPenalty]
     exception_handlers: Sequence[Callable[..., Any]]
+    #: The record the dead-letter lines of the batch being logged are copied from.
+    _dead_letter_template: logging.LogRecord | None = None
 
     def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
         """Run the side effects of dead letters nobody has finished (claimed, bounded)."""
@@ -62,10 +76,12 @@ class DeadLetters:
             report.finished.extend(done)
         return done
 
-    def failure_reason(self, job: Job, max_stalled: int, epochs: Any = None) -> str:
+    def failure_reason(self, job: Job, max_stalled: int, epochs: Any = None, at: str | None = None) -> str:
         """The text of a dead letter's failure, as ``exc_info`` and in its failure Result.
 
-        ``epochs`` is the job's ``stall_epochs`` field when the caller has read it already.
+        ``epochs`` is the job's ``stall_epochs`` field when the caller has read it already;
+        ``at`` the time its side effects run, in ISO format (now when not given: a batch
+        gives each of its dead letters the time it started).
         """
         if epochs is None:
             epochs = self.connection.hget(job.key, 'stall_epochs')
@@ -74,28 +90,32 @@ class DeadLetters:
         return (
             f'{StalledJobError.__name__}: job stalled {job.stalled} time(s) (max_stalled {max_stalled}): '
             f'its workers went away while the server stayed up; '
-            f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {now().isoformat()}'
+            f'counted under server epoch(s) {unique}; dead-lettered by rq-epoch at {at or now().isoformat()}'
         )
 
     def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
         """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger).
 
         The record is made directly, as for the sweep's verdict lines: no search of the
-        stack for the caller, which would cost as much as the rest of the record.
+        stack for the caller, which would cost as much as the rest of the record; the
+        records of one batch are copies of one made by the logger (see :func:`record_like`).
         """
         if not logger.isEnabledFor(logging.ERROR):
             return
-        record = logger.makeRecord(
-            logger.name,
-            logging.ERROR,
-            __file__,
-            _LOG_DEAD_LETTER_LINE,
-            'sweep: job %s dead-lettered to FailedJobRegistry of %s: %s',
-            (job.id, queue_name, reason),
-            None,
-            func='log_dead_letter',
-        )
-        logger.handle(record)
+        args = (job.id, queue_name, reason)
+        template = self._dead_letter_template
+        if template is None:
+            template = self._dead_letter_template = logger.makeRecord(
+                logger.name,
+                logging.ERROR,
+                __file__,
+                _LOG_DEAD_LETTER_LINE,
+                'sweep: job %s dead-lettered to FailedJobRegistry of %s: %s',
+                args,
+                None,
+                func='log_dead_letter',
+            )
+        logger.handle(record_like(template, args))
 
     def finish_many(self, members: list[str]) -> list[str]:
         """Side effects of claimed dead letters, a batch at a time; returns the job ids finished.
@@ -120,13 +140,14 @@ class DeadLetters:
         moot = []
         queues: dict[str, Queue] = {}
         made_ready: dict[str, dict[str, list[str]]] = {}
+        at = now().isoformat()
         for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
             job = self._restore(job_id, replies[2 * i])
             if job is None or job.get_status(refresh=False) != JobStatus.FAILED:
                 moot.append(member)  # gone, or requeued by hand before we finished
                 continue
             epochs = _field(replies[2 * i], 'stall_epochs') or ''
-            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs)
+            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs, at)
             queue_name = member.split('|', 1)[0]
             self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), queues, made_ready)
             ready.append((member, job, reason))
@@ -234,6 +255,7 @@ class DeadLetters:
                 pipeline.execute()
             except WatchError:
                 kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
+        self._dead_letter_template = None
         for member, job, reason in ready:
             if member in kept:
                 self.log_dead_letter(job, member.split('|', 1)[0], reason)

@@ -37,6 +37,32 @@ def _field(raw_data: Any, name: str) -> Any:
     return raw_data.get(name.encode())
 
 
+#: The fields :meth:`EpochJobMixin.restore` reads, as text and as bytes (a hash read with or
+#: without ``decode_responses``).
+_RESTORED = (
+    'lease_epoch',
+    'lease_execution',
+    'stalled',
+    'status',
+    'stall_dead',
+    'exempt_recoveries',
+    'stale_outcomes',
+    'max_stalled',
+)
+_RESTORED_BYTES = tuple(name.encode() for name in _RESTORED)
+
+
+def _restored_fields(raw_data: Any) -> list[Any]:
+    """The raw values of :data:`_RESTORED` in a job hash, in that order (None when absent).
+
+    A hash's keys are all bytes or all text, so the first one tells which names to look up:
+    one lookup per field instead of two for every field a job does not have.
+    """
+    names = _RESTORED if isinstance(next(iter(raw_data), b''), str) else _RESTORED_BYTES
+    get = raw_data.get
+    return [get(name) for name in names]
+
+
 def stalled_count(stalled: Any, status: Any, stall_dead: Any) -> int:
     """Counted stalls of a job, from the raw ``stalled``, ``status`` and ``stall_dead`` fields of its hash.
 
@@ -104,16 +130,15 @@ class EpochJobMixin(_MixinBase):
 
     def restore(self, raw_data: Any) -> Any:
         result = super().restore(raw_data)
-        self.lease_epoch = optional_text(_field(raw_data, 'lease_epoch'))
-        self.lease_execution = optional_text(_field(raw_data, 'lease_execution'))
+        epoch, execution, stalled, status, stall_dead, exempt, stale, max_stalled_raw = _restored_fields(raw_data)
+        self.lease_epoch = optional_text(epoch)
+        self.lease_execution = optional_text(execution)
         # Dead-lettered, then requeued by hand (with any tool): the budget starts afresh,
         # and the next grant resets the counter in the server too.
-        self.stalled = stalled_count(
-            _field(raw_data, 'stalled'), _field(raw_data, 'status'), _field(raw_data, 'stall_dead')
-        )
-        self.exempt_recoveries = _int(_field(raw_data, 'exempt_recoveries'), 0) or 0
-        self.stale_outcomes = _int(_field(raw_data, 'stale_outcomes'), 0) or 0
-        max_stalled = _int(_field(raw_data, 'max_stalled'), None)
+        self.stalled = stalled_count(stalled, status, stall_dead)
+        self.exempt_recoveries = _int(exempt, 0) or 0
+        self.stale_outcomes = _int(stale, 0) or 0
+        max_stalled = _int(max_stalled_raw, None)
         self._max_stalled = max_stalled if max_stalled is not None and max_stalled >= 1 else None
         return result
 

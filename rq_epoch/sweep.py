@@ -17,7 +17,7 @@ from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 
 from . import keys, scripts
 from .compat import text
-from .deadletters import DeadLetters
+from .deadletters import DeadLetters, record_like
 from .job import Job
 from .jobclass import resolve_job_class
 from .queue import Queue
@@ -330,10 +330,7 @@ class Sweeper(DeadLetters):
             template = self._log_templates[level] = logger.makeRecord(
                 logger.name, level, __file__, _LOG_VERDICT_LINE, _LOG_VERDICT_MSG, args, None, func='log_verdict'
             )
-        record = type(template).__new__(type(template))
-        record.__dict__.update(template.__dict__)
-        record.args = args
-        logger.handle(record)
+        logger.handle(record_like(template, args))
 
     def before_finish(self, verdicts: list[LeaseVerdict]) -> None:
         """Called after a sweep call gave dead verdicts, before their side effects run."""

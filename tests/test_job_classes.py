@@ -169,3 +169,33 @@ def test_rq_epoch_queue_gives_a_job_class_of_yours_the_stall_budget(conn: redis.
         job = queue.enqueue('tests.jobs.add', 1, 2, max_stalled=1)
         assert isinstance(job, TracedJob)
         assert conn.hget(job.key, 'max_stalled') == b'1'
+
+
+def test_a_job_reads_its_epoch_fields_from_a_hash_with_bytes_or_text_keys(conn: redis.Redis) -> None:
+    job = Queue('q', connection=conn).enqueue('tests.jobs.add', 1, 2, max_stalled=4)
+    epoch = 'a' * 40
+    conn.hset(
+        job.key,
+        mapping={
+            'status': 'failed',
+            'lease_epoch': epoch,
+            'lease_execution': 'e1',
+            'stalled': '3',
+            'stall_dead': '1',
+            'exempt_recoveries': '2',
+            'stale_outcomes': '5',
+        },
+    )
+    raw = conn.hgetall(job.key)
+    for fields in (raw, {name.decode(): value for name, value in raw.items()}):
+        restored = rq_epoch.Job(job.id, connection=conn)
+        restored.restore(fields)
+        read = (
+            restored.lease_epoch,
+            restored.lease_execution,
+            restored.stalled,
+            restored.exempt_recoveries,
+            restored.stale_outcomes,
+            restored.max_stalled,
+        )
+        assert read == (epoch, 'e1', 3, 2, 5, 4), type(next(iter(fields)))
