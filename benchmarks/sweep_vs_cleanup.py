@@ -12,7 +12,10 @@ commands inside scripts included), and the speed-up over the matching stock case
 ``--repeat R`` runs each rq-epoch and floor case R times at each size, interleaved (floor,
 exempt, recovered, floor, ...), and keeps the median time of each: on a machine shared
 with other work, the ratio to the floor then compares like with like. Stock cases run once,
-unless ``--repeat-stock`` repeats them too (the speed-ups then compare medians).
+unless ``--repeat-stock`` repeats them too (the speed-ups then compare medians). With
+repeated runs each ratio is also given *paired*: the median over the rounds of the ratio
+within each round (a round runs every case once, one after the other), which a machine whose
+speed drifts over minutes moves less than the ratio of two medians taken over all the rounds.
 
 Each case is also shown as a ratio to its floor, measured at the same size: the requeue
 cases to ``floor``, the failing ones to ``dead-floor`` (RQ's own failure side effects,
@@ -25,6 +28,7 @@ A stock case whose time, extrapolated linearly from the previous size, would pas
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from .common import STOCK, comma_sizes, parser, quiet_logging, ratio, server, server_version, table, write_results
@@ -97,9 +101,9 @@ def run(
                 done[case] = outcome
                 rows.append(_row(outcome, done.get(BASELINE.get(case, ''))))
                 if case in FLOOR_OF:
-                    pending.append(rows[-1])
-            for row in pending:
-                _versus_floor(row, done.get(FLOOR_OF[row['case']]))
+                    pending.append((rows[-1], outcome))
+            for row, outcome in pending:
+                _versus_floor(row, done.get(FLOOR_OF[row['case']]), outcome)
                 _progress(row)
             last.update(done)
     return {'server': server_name, 'sizes': list(sizes), 'rows': rows}
@@ -113,6 +117,15 @@ def _median(outcomes: list[Outcome]) -> Outcome:
         chosen.extra['runs_seconds'] = [round(o.seconds, 4) for o in outcomes]
         chosen.ok = all(o.ok for o in outcomes)
     return chosen
+
+
+def _paired(outcome: Outcome, baseline: Outcome) -> float | None:
+    """The median over the rounds of ``baseline``'s time over ``outcome``'s in the same round
+    (None unless both ran in every round)."""
+    mine, theirs = outcome.extra.get('runs_seconds'), baseline.extra.get('runs_seconds')
+    if not mine or not theirs or len(mine) != len(theirs) or not all(mine):
+        return None
+    return ratio(statistics.median(b / a for a, b in zip(mine, theirs, strict=True)), 1.0)
 
 
 def _too_long(estimate: float | None, limit: float, runs: int) -> bool:
@@ -130,6 +143,7 @@ def _row(outcome: Outcome, baseline: Outcome | None) -> dict[str, Any]:
     row = outcome.to_dict()
     row['vs'] = baseline.case if baseline is not None else None
     row['speedup'] = ratio(baseline.seconds, outcome.seconds) if baseline is not None else None
+    row['speedup_paired'] = _paired(outcome, baseline) if baseline is not None else None
     row['round_trips_per_member'] = round(outcome.round_trips / outcome.n, 3)
     row['server_commands_per_member'] = round(outcome.server_commands / outcome.n, 2)
     target = target_for(outcome.case, outcome.n)
@@ -138,10 +152,13 @@ def _row(outcome: Outcome, baseline: Outcome | None) -> dict[str, Any]:
     return row
 
 
-def _versus_floor(row: dict[str, Any], floor: Outcome | None) -> None:
-    """Add the cost per lease as a ratio to the floor's, measured at the same size."""
+def _versus_floor(row: dict[str, Any], floor: Outcome | None, outcome: Outcome | None = None) -> None:
+    """Add the cost per lease as a ratio to the floor's, measured at the same size (and paired
+    round by round, when ``outcome``, the row's run, and the floor were repeated alike)."""
     if floor is None or not floor.n:
         return
+    paired = _paired(floor, outcome) if outcome is not None and outcome is not floor else None
+    row['vs_floor_paired'] = paired
     per_lease = row['seconds'] / row['n']
     floor_per_lease = floor.seconds / floor.n
     row['us_per_lease'] = round(per_lease * 1e6, 2)
@@ -158,9 +175,7 @@ def _progress(row: dict[str, Any]) -> None:
 
 def render(rows: list[dict[str, Any]]) -> str:
     """The table printed at the end (and pasted into docs/performance.md)."""
-    headers = [
-        'N', 'case', 'seconds', 'µs/lease', 'round trips', 'server cmds', 'speed-up', 'target', '× floor', 'ok'
-    ]
+    headers = ['N', 'case', 'seconds', 'µs/lease', 'round trips', 'server cmds', 'speed-up', 'target', '× floor', 'ok']
     body = []
     for r in rows:
         if r.get('skipped'):
@@ -172,9 +187,13 @@ def render(rows: list[dict[str, Any]]) -> str:
             else f'≥{r["target_speedup"]:g}× {"met" if r["target_met"] else "MISSED"}'
         )
         speedup = None if r['speedup'] is None else f'{r["speedup"]:g}×'
+        if speedup is not None and r.get('speedup_paired') is not None:
+            speedup += f' (paired {r["speedup_paired"]:g}×)'
         floor = None
         if r.get('vs_floor') is not None:
             floor = f'{r["vs_floor"]:g}×'
+            if r.get('vs_floor_paired') is not None:
+                floor += f' (paired {r["vs_floor_paired"]:g}×)'
             if 'floor_target_met' in r:
                 floor += f' (≤{FLOOR_TARGET:g}× {"met" if r["floor_target_met"] else "MISSED"})'
         body.append(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,19 @@ def test_sweep_benchmark_repeats_stock_cases_only_when_asked(tmp_path: Path) -> 
         'again': {'stock-fail': 2, 'dead': 2, 'dead-floor': 2},
     }
     assert all(row['ok'] for row in once['rows'] + again['rows'])
+    # Paired ratios: the median over the rounds of the ratio within each round.
+    for doc in (once, again):
+        rows = {row['case']: row for row in doc['rows']}
+        dead, floor = rows['dead']['extra']['runs_seconds'], rows['dead-floor']['extra']['runs_seconds']
+        assert rows['dead']['vs_floor_paired'] == round(
+            statistics.median(d / f for d, f in zip(dead, floor, strict=True)), 2
+        )
+    stock = {row['case']: row for row in again['rows']}['stock-fail']['extra']['runs_seconds']
+    dead = {row['case']: row for row in again['rows']}['dead']
+    assert dead['speedup_paired'] == round(
+        statistics.median(s / d for s, d in zip(stock, dead['extra']['runs_seconds'], strict=True)), 2
+    )
+    assert {row['case']: row for row in once['rows']}['dead']['speedup_paired'] is None  # stock ran once
 
 
 def test_sweep_anatomy_interleaved_calls_every_variant_on_one_set_of_leases(tmp_path: Path) -> None:
