@@ -61,6 +61,7 @@ class DeadLetters:
     exception_handlers: Sequence[Callable[..., Any]]
     #: The record the dead-letter lines of the batch being logged are copied from.
     _dead_letter_template: logging.LogRecord | None = None
+    _dead_letter_batch = False
 
     def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
         """Run the side effects of dead letters nobody has finished (claimed, bounded)."""
@@ -98,14 +99,15 @@ class DeadLetters:
 
         The record is made directly, as for the sweep's verdict lines: no search of the
         stack for the caller, which would cost as much as the rest of the record; the
-        records of one batch are copies of one made by the logger (see :func:`record_like`).
+        records of one batch's lines are copies of one made by the logger (see
+        :func:`record_like`), a line logged outside a batch gets a record of its own.
         """
         if not logger.isEnabledFor(logging.ERROR):
             return
         args = (job.id, queue_name, reason)
         template = self._dead_letter_template
         if template is None:
-            template = self._dead_letter_template = logger.makeRecord(
+            template = logger.makeRecord(
                 logger.name,
                 logging.ERROR,
                 __file__,
@@ -115,6 +117,10 @@ class DeadLetters:
                 None,
                 func='log_dead_letter',
             )
+            if not self._dead_letter_batch:
+                logger.handle(template)
+                return
+            self._dead_letter_template = template
         logger.handle(record_like(template, args))
 
     def finish_many(self, members: list[str]) -> list[str]:
@@ -255,10 +261,15 @@ class DeadLetters:
                 pipeline.execute()
             except WatchError:
                 kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
-        self._dead_letter_template = None
-        for member, job, reason in ready:
-            if member in kept:
-                self.log_dead_letter(job, member.split('|', 1)[0], reason)
+        # The lines of this batch share one record's time; a call outside a batch makes its own.
+        self._dead_letter_batch = True
+        try:
+            for member, job, reason in ready:
+                if member in kept:
+                    self.log_dead_letter(job, member.split('|', 1)[0], reason)
+        finally:
+            self._dead_letter_batch = False
+            self._dead_letter_template = None
         return kept
 
     def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:

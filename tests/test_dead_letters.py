@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,33 @@ def test_each_verdict_is_one_log_line_and_the_report_serialises(conn, caplog) ->
     data = json.loads(json.dumps(report.to_dict()))
     assert data['queues']['logs']['recovered'] == 1
     assert data['verdicts'][0]['job_id'] == job.id
+
+
+def test_each_dead_letter_is_one_log_line_of_its_own_and_a_line_outside_a_batch_has_its_own_time(conn, caplog) -> None:
+    queue = Queue('deadlogs', connection=conn)
+    job_ids = [start_job(conn, queue, max_stalled=1)[0].id for _ in range(3)]
+    sweeper = Sweeper(conn, restart_grace=0)
+    with caplog.at_level(logging.ERROR, logger='rq_epoch'):
+        sweeper.sweep(['deadlogs'])
+    records = [r for r in caplog.records if 'dead-lettered to FailedJobRegistry' in r.getMessage()]
+    assert sorted(r.args[0] for r in records) == sorted(job_ids)
+    assert all(
+        r.getMessage().startswith(f'sweep: job {r.args[0]} dead-lettered to FailedJobRegistry of deadlogs: ')
+        and 'StalledJobError: job stalled 1 time(s) (max_stalled 1)' in r.args[2]
+        for r in records
+    )
+    assert {(r.funcName, Path(r.pathname).name) for r in records} == {('log_dead_letter', 'deadletters.py')}
+
+    # Called by itself (a subclass, a tool), each line is a record made when it is logged.
+    caplog.clear()
+    job = Job.fetch(job_ids[0], connection=conn)
+    with caplog.at_level(logging.ERROR, logger='rq_epoch'):
+        sweeper.log_dead_letter(job, 'deadlogs', 'first')
+        first = caplog.records[-1].created
+        wait_for(lambda: time.time() > first + 0.005, 5, what='the clock moving on')
+        sweeper.log_dead_letter(job, 'deadlogs', 'second')
+    assert [r.args[2] for r in caplog.records] == ['first', 'second']
+    assert caplog.records[1].created > first
 
 
 def results_and_callbacks(conn, job_ids: list[str]) -> tuple[list[int], list[int]]:
