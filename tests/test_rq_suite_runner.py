@@ -37,11 +37,16 @@ def test_signal_to_the_runners_group():
     ready = fork.Event()
     child = fork.Process(target=_wait, args=(ready,))
     child.start()
-    assert ready.wait(30)  # running its own code, as RQ's child is 0.1 s after the fork
+    assert ready.wait(60)  # running its own code, as RQ's child is 0.1 s after the fork
     assert os.getpgid(child.pid) == os.getpgrp()  # the child shares pytest's group
-    os.killpg(os.getpgid(child.pid), signal.SIGRTMIN)
-    child.join(10)
-    assert child.exitcode == -signal.SIGRTMIN  # the child dies of it, as by default
+    # The group is signalled again while the child lives (at most three times in 90 s): on a
+    # machine this loaded, a child can be slow to run its handler; pytest must outlive each.
+    for sent in range(1, 4):
+        os.killpg(os.getpgid(child.pid), signal.SIGRTMIN)
+        child.join(30)
+        if child.exitcode is not None:
+            break
+    assert child.exitcode == -signal.SIGRTMIN, (child.exitcode, sent)  # it dies of it, as by default
 '''
 
 #: Calls run.py's run_pytest on the test above and prints the outcomes as JSON.
@@ -53,7 +58,8 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from run import run_pytest
 
-results, _ = run_pytest(Path(sys.argv[2]), 6379, False, ['test_signalling.py'], Path(sys.argv[2]) / 'report.xml')
+results, output = run_pytest(Path(sys.argv[2]), 6379, False, ['test_signalling.py'], Path(sys.argv[2]) / 'report.xml')
+print(output)
 print(json.dumps(results))
 '''
 
@@ -73,4 +79,4 @@ def test_a_signal_rq_tests_send_to_pytests_group_ends_neither_pytest_nor_the_run
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [(name.rsplit('::', 1)[-1], outcome) for name, outcome in results.items()] == [
         ('test_signal_to_the_runners_group', 'passed')
-    ]
+    ], proc.stdout
