@@ -72,7 +72,7 @@ def test_a_signal_rq_tests_send_to_pytests_group_ends_neither_pytest_nor_the_run
         [sys.executable, '-c', DRIVER, str(ROOT / 'tests' / 'rq_suite'), str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # the test above waits at most 60 + 3 × 30 s
         start_new_session=True,
     )
     assert proc.returncode == 0, f'the driver ended with {proc.returncode}\n{proc.stdout}\n{proc.stderr}'
