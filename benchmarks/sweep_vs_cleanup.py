@@ -152,13 +152,12 @@ def _row(outcome: Outcome, baseline: Outcome | None) -> dict[str, Any]:
     return row
 
 
-def _versus_floor(row: dict[str, Any], floor: Outcome | None, outcome: Outcome | None = None) -> None:
-    """Add the cost per lease as a ratio to the floor's, measured at the same size (and paired
-    round by round, when ``outcome``, the row's run, and the floor were repeated alike)."""
+def _versus_floor(row: dict[str, Any], floor: Outcome | None, outcome: Outcome) -> None:
+    """Add the cost per lease of ``outcome`` (the row's run) as a ratio to the floor's, measured
+    at the same size, and paired round by round when both were repeated alike."""
     if floor is None or not floor.n:
         return
-    paired = _paired(floor, outcome) if outcome is not None and outcome is not floor else None
-    row['vs_floor_paired'] = paired
+    row['vs_floor_paired'] = _paired(floor, outcome)
     per_lease = row['seconds'] / row['n']
     floor_per_lease = floor.seconds / floor.n
     row['us_per_lease'] = round(per_lease * 1e6, 2)

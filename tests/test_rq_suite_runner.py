@@ -29,7 +29,7 @@ import time
 
 def _wait(ready):
     ready.set()
-    time.sleep(30)
+    time.sleep(120)  # longer than every signal below can take: only the signal ends it
 
 
 def test_signal_to_the_runners_group():
@@ -41,12 +41,16 @@ def test_signal_to_the_runners_group():
     assert os.getpgid(child.pid) == os.getpgrp()  # the child shares pytest's group
     # The group is signalled again while the child lives (at most three times in 90 s): on a
     # machine this loaded, a child can be slow to run its handler; pytest must outlive each.
-    for sent in range(1, 4):
-        os.killpg(os.getpgid(child.pid), signal.SIGRTMIN)
-        child.join(30)
-        if child.exitcode is not None:
-            break
-    assert child.exitcode == -signal.SIGRTMIN, (child.exitcode, sent)  # it dies of it, as by default
+    try:
+        for sent in range(1, 4):
+            os.killpg(os.getpgid(child.pid), signal.SIGRTMIN)
+            child.join(30)
+            if child.exitcode is not None:
+                break
+        assert child.exitcode == -signal.SIGRTMIN, (child.exitcode, sent)  # it dies of it, as by default
+    finally:
+        if child.is_alive():
+            child.kill()
 '''
 
 #: Calls run.py's run_pytest on the test above and prints the outcomes as JSON.

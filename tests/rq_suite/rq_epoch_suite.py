@@ -65,8 +65,8 @@ def pytest_configure(config: Any) -> None:
     it inherits the handler and dies of the signal as it would by default, which is what the
     test checks; one that arrives before the child has finished forking is lost (CPython
     clears the signals caught in that instant), the test then fails, and ``run.py`` runs it
-    again. (``run.py``
-    starts pytest in a session of its own, so such a signal cannot reach what started it.)
+    again. (``run.py`` starts pytest in a session of its own, so such a signal cannot reach
+    what started it.)
     """
     sigrtmin = getattr(signal, 'SIGRTMIN', None)
     if sigrtmin is None:
