@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import WatchError
@@ -19,6 +20,7 @@ from rq.utils import now
 
 from . import compat, keys, scripts
 from .compat import text
+from .dependents import BatchDependents
 from .errors import StalledJobError
 from .job import Job, _field
 from .queue import Queue
@@ -144,8 +146,7 @@ class DeadLetters:
             replies = pipe.execute()
         ready: list[tuple[str, Job, str]] = []
         moot = []
-        queues: dict[str, Queue] = {}
-        made_ready: dict[str, dict[str, list[str]]] = {}
+        batch = _Batch()
         at = now().isoformat()
         for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
             job = self._restore(job_id, replies[2 * i])
@@ -155,9 +156,9 @@ class DeadLetters:
             epochs = _field(replies[2 * i], 'stall_epochs') or ''
             reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs, at)
             queue_name = member.split('|', 1)[0]
-            self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), queues, made_ready)
+            self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), batch)
             ready.append((member, job, reason))
-        self._enqueue_ready(queues, made_ready)
+        self._enqueue_ready(batch)
         if moot:
             self.connection.zrem(finishing, *moot)
         recorded = self._record_failures(ready)
@@ -181,21 +182,13 @@ class DeadLetters:
             return None
         return job
 
-    def _side_effects(
-        self,
-        job: Job,
-        queue_name: str,
-        reason: str,
-        has_dependents: bool,
-        queues: dict[str, Queue],
-        made_ready: dict[str, dict[str, list[str]]],
-    ) -> None:
+    def _side_effects(self, job: Job, queue_name: str, reason: str, has_dependents: bool, batch: _Batch) -> None:
         """The job's ``on_failure`` callback, the exception handlers, and its dependents.
 
-        ``queues`` keeps the batch's queue objects by name. Dependents that RQ 3 moves to
-        their ReadyJobRegistry are added to ``made_ready`` (per queue of the dead letter) for
-        :meth:`_enqueue_ready`; RQ 2, or a queue class with its own ``enqueue_dependents``,
-        enqueues them at once.
+        On RQ 3 a job with dependents is added to ``batch.parents``: :meth:`_enqueue_ready`
+        makes the dependents of all of them ready and pushes them together. RQ 2, or a queue
+        class that overrides how dependents are enqueued, enqueues them here, job by job
+        (see :meth:`_enqueue_dependents`).
         """
         error = StalledJobError(reason)
         self._run_failure_callback(job, error)
@@ -205,30 +198,66 @@ class DeadLetters:
                     break
             except Exception:
                 logger.exception('sweep: exception handler for job %s raised', job.id)
-        if has_dependents:
-            queue = queues.get(queue_name)
-            if queue is None:
-                queue = queues[queue_name] = self.queue_class(
-                    queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
-                )
-            try:
-                # The job's status was read after the sweep script failed it: no need to read it again.
-                for target, job_ids in compat.move_dependents_to_ready(queue, job).items():
-                    made_ready.setdefault(queue_name, {}).setdefault(target, []).extend(job_ids)
-            except Exception:
-                logger.exception('sweep: could not enqueue dependents of job %s', job.id)
+        if not has_dependents:
+            return
+        queue = batch.queues.get(queue_name)
+        if queue is None:
+            queue = batch.queues[queue_name] = self.queue_class(
+                queue_name, connection=self.connection, serializer=self.serializer, job_class=self.job_class
+            )
+        if BatchDependents.applies_to(queue):
+            batch.parents.setdefault(queue_name, []).append(job)
+            return
+        try:
+            self._enqueue_dependents(queue, job, batch)
+        except Exception:
+            logger.exception('sweep: could not enqueue dependents of job %s', job.id)
 
-    def _enqueue_ready(self, queues: dict[str, Queue], made_ready: dict[str, dict[str, list[str]]]) -> None:
-        """Push the dependents a batch's dead letters made ready onto their queues (RQ 3).
+    def _enqueue_dependents(self, queue: Queue, job: Job, batch: _Batch) -> None:
+        """One dead letter's dependents, with RQ's function (on RQ 3, made ready: their ids are
+        added to ``batch.made_ready``, pushed by :meth:`_enqueue_ready`).
 
-        RQ's ``enqueue_dependents`` is these two steps per job, the second one reading and
-        pushing each job's dependents on its own; a batch pushes them once per queue. A
-        dependent left in a ReadyJobRegistry (a sweeper that dies in between) is enqueued by
-        RQ's maintenance of that registry, as when RQ's own second step is interrupted.
+        The sweep script failed every job of the batch before any side effect runs, so a
+        dependent of two of them may run for the first one; RQ's function would enqueue it
+        again for the second (it does not read the dependent's own status). Dependents
+        enqueued for a job of the batch are taken off the dependents of the others first,
+        as if the jobs had failed one after the other.
         """
-        for queue_name, by_target in made_ready.items():
+        key = job.dependents_key
+        with self.connection.pipeline(transaction=False) as pipe:
+            if batch.enqueued:
+                pipe.srem(key, *batch.enqueued)
+            pipe.smembers(key)
+            before = {text(m) for m in pipe.execute()[-1]}
+        # The job's status was read after the sweep script failed it: no need to read it again.
+        for target, job_ids in compat.move_dependents_to_ready(queue, job).items():
+            batch.made_ready.setdefault(queue.name, {}).setdefault(target, []).extend(job_ids)
+        batch.enqueued.update(before - {text(m) for m in self.connection.smembers(key)})
+
+    def _enqueue_ready(self, batch: _Batch) -> None:
+        """Make the dependents of the batch's ``parents`` ready and push them, with those
+        already ``made_ready``, onto their queues (RQ 3).
+
+        RQ's ``enqueue_dependents`` is two steps per job, each an optimistic transaction of
+        its own (the second one per dependent); :class:`~rq_epoch.dependents.BatchDependents`
+        takes each step once for the batch. A dependent left in a ReadyJobRegistry (a
+        sweeper that dies in between) is enqueued by RQ's maintenance of that registry, as
+        when RQ's own second step is interrupted.
+        """
+        for queue_name in dict.fromkeys([*batch.made_ready, *batch.parents]):
+            queue = batch.queues[queue_name]
+            by_target = batch.made_ready.get(queue_name, {})
+            if queue_name in batch.parents:
+                dependents = BatchDependents(queue)
+                try:
+                    for target, job_ids in dependents.move_to_ready(batch.parents[queue_name]).items():
+                        by_target.setdefault(target, []).extend(job_ids)
+                    dependents.enqueue_ready(by_target)
+                except Exception:
+                    logger.exception('sweep: could not enqueue the dependents of dead letters of %s', queue_name)
+                continue
             try:
-                queues[queue_name].enqueue_ready_jobs_by_queue(by_target)  # type: ignore[attr-defined]  # RQ 3
+                queue.enqueue_ready_jobs_by_queue(by_target)  # type: ignore[attr-defined]  # RQ 3
             except Exception:
                 logger.exception('sweep: could not enqueue the dependents made ready by dead letters of %s', queue_name)
 
@@ -313,6 +342,20 @@ class DeadLetters:
                 send(JobStatus.FAILED, exc_string=reason)
             except Exception:
                 logger.exception('sweep: failed webhooks of job %s raised', job.id)
+
+
+@dataclass
+class _Batch:
+    """What the side effects of one claimed batch of dead letters share."""
+
+    #: Queue objects by name.
+    queues: dict[str, Queue] = field(default_factory=dict)
+    #: Jobs with dependents, per queue, for :class:`~rq_epoch.dependents.BatchDependents` (RQ 3).
+    parents: dict[str, list[Job]] = field(default_factory=dict)
+    #: Dependents RQ 3 moved to a ReadyJobRegistry job by job: per queue, by target queue.
+    made_ready: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: Dependents enqueued (or made ready) job by job for a job of the batch.
+    enqueued: set[str] = field(default_factory=set)
 
 
 #: The line reported by the records of :meth:`DeadLetters.log_dead_letter`.
