@@ -21,8 +21,10 @@ status and stamp, drop the lease, RQ's ``wip`` entry and the execution records, 
 status to queued and push the job back; per call, read the run_id once.
 
 The dead-letter floor is the same for failures: what no cleanup can go below while RQ's own
-functions write the side effects (see :func:`fail_like_rq`). Both sides of ``stock-fail`` and
-``dead`` do all of it; what they differ in is everything around it.
+functions write the side effects, each called as often as RQ calls it (see
+:func:`fail_like_rq`). Both sides of ``stock-fail`` and ``dead`` do all of it. rq-epoch's
+dead letters take RQ 3's two steps of enqueueing dependents once per batch instead of once per
+job (``rq_epoch/dependents.py``), so with dependents they may go below this floor.
 
 Every job has an ``on_failure`` callback; in the failing cases one job in ten has a
 dependent with ``allow_failure``, which each side must enqueue. Each case runs on a flushed
@@ -271,11 +273,14 @@ class Outcome:
         return data
 
 
-def prepare(conn: redis.Redis, case: Case, n: int) -> JobSet:
-    """Flush, enqueue ``n`` jobs for ``case`` and leave them started with expired leases."""
+def prepare(conn: redis.Redis, case: Case, n: int, dependents_every: int = DEPENDENTS_EVERY) -> JobSet:
+    """Flush, enqueue ``n`` jobs for ``case`` and leave them started with expired leases.
+
+    In the failing cases every ``dependents_every``-th job gets a dependent (0: none).
+    """
     conn.flushall()
     jobs = enqueue_jobs(
-        conn, QUEUE, n, retry=case.requeue, on_failure=True, dependents_every=0 if case.requeue else DEPENDENTS_EVERY
+        conn, QUEUE, n, retry=case.requeue, on_failure=True, dependents_every=0 if case.requeue else dependents_every
     )
     started_by = case.started_by or (EPOCH if case.side == FLOOR else case.side)
     start_jobs(conn, jobs, started_by, stamp=case.stamp)
@@ -400,13 +405,14 @@ def run_case(
     *,
     batch_size: int | None = None,
     around: Callable[[], AbstractContextManager[Any]] | None = None,
+    dependents_every: int = DEPENDENTS_EVERY,
 ) -> Outcome:
     """Prepare ``n`` expired leases, clean them once (timed, counted), and check the result.
 
     ``around`` wraps only the timed cleanup (the latency benchmark runs its PING client there).
     """
     case = CASES[case_name]
-    jobs = prepare(conn, case, n)
+    jobs = prepare(conn, case, n, dependents_every)
     clean = cleaner(conn, case, batch_size)
     job_functions.FAILURE_CALLBACKS = 0
     conn.config_resetstat()

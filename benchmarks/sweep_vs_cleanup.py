@@ -20,7 +20,9 @@ speed drifts over minutes moves less than the ratio of two medians taken over al
 Each case is also shown as a ratio to its floor, measured at the same size: the requeue
 cases to ``floor``, the failing ones to ``dead-floor`` (RQ's own failure side effects,
 batched); the speed-up of ``dead-floor`` over ``stock-fail`` is the most that any cleanup
-writing those side effects with RQ's functions could reach.
+writing those side effects with RQ's functions, called as often as RQ calls them, could
+reach. In the failing cases one job in ten has a dependent; ``--dependents-every K`` gives
+every K-th job one instead (0: none), to see what the dependents cost each side.
 
 A stock case whose time, extrapolated linearly from the previous size, would pass
 ``--stock-limit`` seconds is not run at that size; the table says so.
@@ -37,6 +39,7 @@ from .scenarios import (
     CASES,
     DEAD_CASES,
     DEAD_FLOOR,
+    DEPENDENTS_EVERY,
     FLOOR,
     FLOOR_OF,
     REQUEUE_CASES,
@@ -66,7 +69,13 @@ def target_for(case: str, n: int) -> float | None:
 
 
 def run(
-    kind: str, sizes: tuple[int, ...], cases: list[str], stock_limit: float, repeat: int = 1, repeat_stock: bool = False
+    kind: str,
+    sizes: tuple[int, ...],
+    cases: list[str],
+    stock_limit: float,
+    repeat: int = 1,
+    repeat_stock: bool = False,
+    dependents_every: int = DEPENDENTS_EVERY,
 ) -> dict[str, Any]:
     """Every case at every size; returns the rows for the JSON document."""
     quiet_logging()
@@ -89,13 +98,13 @@ def run(
             runs: dict[str, list[Outcome]] = {c: [] for c in repeated}
             for _ in range(max(1, repeat) - 1):  # the extra rounds, interleaved
                 for case in repeated:
-                    runs[case].append(run_case(conn, case, n))
+                    runs[case].append(run_case(conn, case, n, dependents_every=dependents_every))
             for case in ordered:
                 estimate = _estimate(last.get(case), n)
                 if CASES[case].side == STOCK and estimate is not None and estimate > stock_limit:
                     rows.append({'case': case, 'side': STOCK, 'n': n, 'skipped': True, 'estimated_seconds': estimate})
                     continue
-                outcome = run_case(conn, case, n)
+                outcome = run_case(conn, case, n, dependents_every=dependents_every)
                 if case in runs:
                     outcome = _median([*runs[case], outcome])
                 done[case] = outcome
@@ -223,10 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         '--repeat-stock', action='store_true', help='with --repeat: run the stock cases as often (within --stock-limit)'
     )
+    p.add_argument(
+        '--dependents-every',
+        type=int,
+        default=DEPENDENTS_EVERY,
+        metavar='K',
+        help=f'in the failing cases, every K-th job has a dependent (default {DEPENDENTS_EVERY}; 0: none)',
+    )
     args = p.parse_args(argv)
+    if args.dependents_every < 0:
+        p.error('--dependents-every must be 0 or more')
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     cases = [c for c in args.cases.split(',') if c]
-    result = run(args.server, sizes, cases, args.stock_limit, args.repeat, args.repeat_stock)
+    result = run(args.server, sizes, cases, args.stock_limit, args.repeat, args.repeat_stock, args.dependents_every)
+    result['dependents_every'] = args.dependents_every
     print()
     print(render(result['rows']))
     write_results(NAME, {'quick': args.quick, **result}, args.out)

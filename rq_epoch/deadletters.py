@@ -185,10 +185,11 @@ class DeadLetters:
     def _side_effects(self, job: Job, queue_name: str, reason: str, has_dependents: bool, batch: _Batch) -> None:
         """The job's ``on_failure`` callback, the exception handlers, and its dependents.
 
-        On RQ 3 a job with dependents is added to ``batch.parents``: :meth:`_enqueue_ready`
-        makes the dependents of all of them ready and pushes them together. RQ 2, or a queue
-        class that overrides how dependents are enqueued, enqueues them here, job by job
-        (see :meth:`_enqueue_dependents`).
+        A job with dependents is added to ``batch.parents``: :meth:`_enqueue_ready` enqueues
+        the dependents of all of them together. With a queue or job class that overrides how
+        dependents are enqueued, they are enqueued here, job by job (see
+        :meth:`~rq_epoch.dependents.BatchDependents.enqueue_one`); on RQ 3 they are made ready,
+        and pushed by :meth:`_enqueue_ready`.
         """
         error = StalledJobError(reason)
         self._run_failure_callback(job, error)
@@ -209,46 +210,27 @@ class DeadLetters:
             batch.parents.setdefault(queue_name, []).append(job)
             return
         try:
-            self._enqueue_dependents(queue, job, batch)
+            dependents = BatchDependents(queue, batch.enqueued)
+            for target, job_ids in dependents.enqueue_one(job).items():
+                batch.made_ready.setdefault(queue_name, {}).setdefault(target, []).extend(job_ids)
         except Exception:
             logger.exception('sweep: could not enqueue dependents of job %s', job.id)
 
-    def _enqueue_dependents(self, queue: Queue, job: Job, batch: _Batch) -> None:
-        """One dead letter's dependents, with RQ's function (on RQ 3, made ready: their ids are
-        added to ``batch.made_ready``, pushed by :meth:`_enqueue_ready`).
-
-        The sweep script failed every job of the batch before any side effect runs, so a
-        dependent of two of them may run for the first one; RQ's function would enqueue it
-        again for the second (it does not read the dependent's own status). Dependents
-        enqueued for a job of the batch are taken off the dependents of the others first,
-        as if the jobs had failed one after the other.
-        """
-        key = job.dependents_key
-        with self.connection.pipeline(transaction=False) as pipe:
-            if batch.enqueued:
-                pipe.srem(key, *batch.enqueued)
-            pipe.smembers(key)
-            before = {text(m) for m in pipe.execute()[-1]}
-        # The job's status was read after the sweep script failed it: no need to read it again.
-        for target, job_ids in compat.move_dependents_to_ready(queue, job).items():
-            batch.made_ready.setdefault(queue.name, {}).setdefault(target, []).extend(job_ids)
-        batch.enqueued.update(before - {text(m) for m in self.connection.smembers(key)})
-
     def _enqueue_ready(self, batch: _Batch) -> None:
-        """Make the dependents of the batch's ``parents`` ready and push them, with those
-        already ``made_ready``, onto their queues (RQ 3).
+        """Enqueue the dependents of the batch's ``parents`` and push those already
+        ``made_ready`` (RQ 3) onto their queues.
 
-        RQ's ``enqueue_dependents`` is two steps per job, each an optimistic transaction of
-        its own (the second one per dependent); :class:`~rq_epoch.dependents.BatchDependents`
-        takes each step once for the batch. A dependent left in a ReadyJobRegistry (a
-        sweeper that dies in between) is enqueued by RQ's maintenance of that registry, as
-        when RQ's own second step is interrupted.
+        RQ's ``enqueue_dependents`` is an optimistic transaction per job (on RQ 3 two steps,
+        the second one per dependent); :class:`~rq_epoch.dependents.BatchDependents` takes
+        each step once for the batch. A dependent left in a ReadyJobRegistry (a sweeper that
+        dies in between) is enqueued by RQ's maintenance of that registry, as when RQ's own
+        second step is interrupted.
         """
         for queue_name in dict.fromkeys([*batch.made_ready, *batch.parents]):
             queue = batch.queues[queue_name]
             by_target = batch.made_ready.get(queue_name, {})
             if queue_name in batch.parents:
-                dependents = BatchDependents(queue)
+                dependents = BatchDependents(queue, batch.enqueued)
                 try:
                     for target, job_ids in dependents.move_to_ready(batch.parents[queue_name]).items():
                         by_target.setdefault(target, []).extend(job_ids)
@@ -350,11 +332,12 @@ class _Batch:
 
     #: Queue objects by name.
     queues: dict[str, Queue] = field(default_factory=dict)
-    #: Jobs with dependents, per queue, for :class:`~rq_epoch.dependents.BatchDependents` (RQ 3).
+    #: Jobs with dependents, per queue, for :class:`~rq_epoch.dependents.BatchDependents`.
     parents: dict[str, list[Job]] = field(default_factory=dict)
     #: Dependents RQ 3 moved to a ReadyJobRegistry job by job: per queue, by target queue.
     made_ready: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    #: Dependents enqueued (or made ready) job by job for a job of the batch.
+    #: Dependents enqueued (or made ready) job by job for a job of the batch (see
+    #: :meth:`~rq_epoch.dependents.BatchDependents.enqueue_one`).
     enqueued: set[str] = field(default_factory=set)
 
 

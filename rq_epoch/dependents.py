@@ -1,19 +1,25 @@
-"""The dependents of a batch of dead letters, made ready and pushed in a few round trips (RQ 3).
+"""The dependents of a batch of dead letters, enqueued in a few round trips.
 
-RQ 3's ``Queue.enqueue_dependents(job)`` takes two steps for one failed job, each an
-optimistic transaction: ``move_dependents_to_ready`` (WATCH the job's dependents set, read it,
-read each dependent and, with their hashes WATCHed, the status of its other dependencies;
-then MULTI: RQ's ``ReadyJobRegistry.register_jobs``) and ``ReadyJobRegistry.enqueue_jobs``
-(one WATCH/MULTI/EXEC per dependent). That is about ten round trips for a job with one
-dependent, most of the cost of a dead letter that has dependents.
+RQ's ``Queue.enqueue_dependents(job)`` is an optimistic transaction per failed job: WATCH the
+job's dependents set, read it, read each dependent and, with their hashes WATCHed, the status
+of its other dependencies; then MULTI and the writes. RQ 3 splits it in two steps: the
+dependents are moved to their ``ReadyJobRegistry`` (``move_dependents_to_ready``), then pushed
+onto their queues by ``ReadyJobRegistry.enqueue_jobs``, one WATCH/MULTI/EXEC per dependent.
+That is about ten round trips for a job with one dependent, most of the cost of a dead
+letter that has dependents.
 
-:class:`BatchDependents` takes the same two steps for every dead letter of a claimed batch at
-once: the same checks, on the same keys WATCHed by the transaction that writes (queued by
-RQ's own registry and queue methods), in about ten round trips for the whole batch. When a
+:class:`BatchDependents` takes each step once for every dead letter of a claimed batch: the
+same checks, on the same keys WATCHed by the transaction that writes, the writes queued by
+RQ's own registry and queue methods, in about ten round trips for the whole batch. When a
 watched key changes meanwhile (another worker enqueued or finished a dependency), the step is
-taken again job by job with RQ's own functions, as if there had been no batch. RQ 2 enqueues
-dependents in one step per job and is left to do so; so is a queue or job class that
-overrides any of the methods these steps stand for.
+taken again job by job with RQ's own functions (:meth:`BatchDependents.enqueue_one`), as if
+there had been no batch. A queue or job class that overrides one of the methods these steps
+stand for is called job by job too.
+
+The sweep script fails every job of a batch before any side effect runs, so a dependent of
+two of them may run after the first; RQ's function, which does not read the dependent's own
+status, would enqueue it again for the second. Job by job, the dependents enqueued for a job
+of the batch are first taken off the others' dependents; a batch enqueues each dependent once.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from redis.exceptions import WatchError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.queue import Queue as RQQueue
+from rq.registry import DeferredJobRegistry
 
+from . import compat
 from .compat import text
 
 if TYPE_CHECKING:
@@ -45,6 +53,8 @@ _STOCK_METHODS: tuple[tuple[type, str], ...] = (
     (RQJob, 'dependencies_are_met'),
 )
 _STOCK = {(base, name): getattr(base, name, None) for base, name in _STOCK_METHODS}
+#: RQ 3 enqueues dependents in two steps (made ready, then pushed); RQ 2 in one.
+_TWO_STEPS = _STOCK[(RQQueue, 'move_dependents_to_ready')] is not None
 
 
 class BatchDependents:
@@ -54,15 +64,15 @@ class BatchDependents:
     are used for every queue the dependents go to).
     """
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, enqueued: set[str] | None = None) -> None:
         self.queue = queue
         self.connection = queue.connection
+        #: Dependents enqueued (on RQ 3: made ready) for a job of the batch, shared by its queues.
+        self.enqueued: set[str] = set() if enqueued is None else enqueued
 
     @staticmethod
     def applies_to(queue: Queue) -> bool:
-        """Whether a batch may stand for RQ's steps: RQ 3, and none of them overridden."""
-        if _STOCK[(RQQueue, 'move_dependents_to_ready')] is None:  # RQ 2.x
-            return False
+        """Whether a batch may stand for RQ's functions: none of them overridden."""
         for base, name in _STOCK_METHODS:
             owner = type(queue) if base is RQQueue else queue.job_class
             if getattr(owner, name, None) is not _STOCK[(base, name)]:
@@ -71,7 +81,9 @@ class BatchDependents:
 
     def move_to_ready(self, parents: Sequence[Job]) -> dict[str, list[str]]:
         """Move the dependents that may run now of every job in ``parents`` (all failed) to
-        their queues' ReadyJobRegistry; returns their ids by queue name.
+        their queues' ReadyJobRegistry; returns their ids by queue name, for
+        :meth:`enqueue_ready`. RQ 2 has no such registry: they are enqueued, and nothing is
+        returned.
 
         One transaction for all of them; job by job with RQ's function if a watched key
         changed meanwhile (see the module's docstring).
@@ -87,10 +99,27 @@ class BatchDependents:
         moved: dict[str, list[str]] = {}
         for parent in parents:
             try:
-                for name, ids in self.queue.move_dependents_to_ready(parent, refresh_job_status=False).items():  # type: ignore[attr-defined]
+                for name, ids in self.enqueue_one(parent).items():
                     moved.setdefault(name, []).extend(ids)
             except Exception:
                 logger.exception('sweep: could not enqueue dependents of job %s', parent.id)
+        return moved
+
+    def enqueue_one(self, parent: Job) -> dict[str, list[str]]:
+        """One failed job's dependents, with RQ's function (:func:`rq_epoch.compat.move_dependents_to_ready`:
+        on RQ 3 made ready, their ids returned by queue name; on RQ 2 enqueued).
+
+        The dependents enqueued job by job for another job of the batch are taken off this
+        job's dependents first (see the module's docstring).
+        """
+        key = parent.dependents_key
+        with self.connection.pipeline(transaction=False) as pipe:
+            if self.enqueued:
+                pipe.srem(key, *self.enqueued)
+            pipe.smembers(key)
+            before = {text(m) for m in pipe.execute()[-1]}
+        moved = compat.move_dependents_to_ready(self.queue, parent)
+        self.enqueued.update(before - {text(m) for m in self.connection.smembers(key)})
         return moved
 
     def enqueue_ready(self, by_queue: dict[str, list[str]]) -> None:
@@ -148,33 +177,49 @@ class BatchDependents:
             others = sorted({d for ids in dependencies.values() for d in ids})
             statuses = dict(zip(others, self._read(('hget', (key_for(d), 'status')) for d in others), strict=True))
             moved: dict[str, list[Job]] = {}
-            writes: list[tuple[str, list[Job], int]] = []
+            writes: list[tuple[str, list[str], int]] = []
             for parent, ids in zip(parents, dependents_of, strict=True):
+                done = [i for i in ids if i in self.enqueued]  # by another queue's batch, or job by job
                 ready = [
                     dependents[i]
                     for i in ids
-                    if i in dependents and _may_run(dependents[i], parent, dependencies[i], statuses)
+                    if i in dependents
+                    and i not in self.enqueued
+                    and _may_run(dependents[i], parent, dependencies[i], statuses)
                 ]
-                if not ready:
+                if not ready and not done:
                     continue
                 for job in ready:
                     moved.setdefault(job.origin, []).append(job)
-                writes.append((parent.dependents_key, ready, len(ids)))
+                writes.append((parent.dependents_key, [*done, *(job.id for job in ready)], len(ids)))
             if not writes:
                 return {}
             pipe.multi()
-            for key, ready, total in writes:
-                if len(ready) == total:
+            for key, taken, total in writes:
+                if len(taken) == total:
                     pipe.delete(key)
                 else:
-                    pipe.srem(key, *(job.id for job in ready))
+                    pipe.srem(key, *taken)
             by_queue: dict[str, list[str]] = {}
             for name, jobs in moved.items():
                 unique = list({job.id: job for job in jobs}.values())  # a dependent of two parents once
-                self._queue(name).ready_job_registry.register_jobs(unique, pipeline=pipe)  # type: ignore[attr-defined]
-                by_queue[name] = [job.id for job in unique]
+                if _TWO_STEPS:
+                    self._queue(name).ready_job_registry.register_jobs(unique, pipeline=pipe)  # type: ignore[attr-defined]
+                    by_queue[name] = [job.id for job in unique]
+                else:  # RQ 2: enqueued in the same transaction
+                    self._enqueue_now(self._queue(name), unique, pipe)
             pipe.execute()
+        self.enqueued.update(job.id for jobs in moved.values() for job in jobs)
         return by_queue
+
+    def _enqueue_now(self, target: Queue, jobs: list[Job], pipe: Any) -> None:
+        """RQ 2's writes for dependents that may run: out of the deferred registry, onto the queue."""
+        deferred = DeferredJobRegistry(
+            target.name, self.connection, job_class=target.job_class, serializer=target.serializer
+        )
+        for job in jobs:
+            deferred.remove(job, pipeline=pipe)
+            target._enqueue_job(job, pipeline=pipe, at_front=job.enqueue_at_front or False)
 
     def _enqueue_batch(self, target: Queue, registry: Any, ids: list[str]) -> None:
         """``ReadyJobRegistry.enqueue_jobs(ids)`` in one transaction; raises WatchError if a

@@ -83,6 +83,7 @@ stats_key = KeyFamily('epoch:stats')
 #: Hash of first sightings of jobs stuck in RQ's intermediate queue (job id -> server time).
 limbo_key = KeyFamily('epoch:limbo')
 
+
 def taken_field(execution_id: str) -> str:
     """Field of the job hash where a sweep records the verdict that took this execution's lease.
 

@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 __all__ = ['Worker']
 
 
-
-
 class Worker(Heartbeats):
     """An RQ worker whose leases carry the server epoch.
 

@@ -259,3 +259,21 @@ def test_report_renders_every_section(results_dir: Path) -> None:
 def test_bulk_fixture_matches_real_workers_killed_mid_job() -> None:
     differences = fixture.validate('valkey', n_jobs=2)
     assert differences == {'stock': [], 'rq-epoch': []}
+
+
+def test_sweep_benchmark_gives_failing_jobs_as_many_dependents_as_asked(tmp_path: Path) -> None:
+    cases = ('--cases', 'stock-fail,dead,dead-floor')
+    none = run_quick('sweep_vs_cleanup', tmp_path / 'none.json', *cases, '--dependents-every', '0')
+    fourth = run_quick('sweep_vs_cleanup', tmp_path / 'fourth.json', *cases, '--dependents-every', '4')
+    for doc, dependents in ((none, 0), (fourth, 50)):  # --quick: 200 jobs
+        assert doc['dependents_every'] in (0, 4)
+        for row in doc['rows']:
+            assert row['checks']['expected']['queued'] == row['checks']['found']['queued'] == dependents, row['case']
+    bad = subprocess.run(
+        [sys.executable, '-m', 'benchmarks.sweep_vs_cleanup', '--quick', '--dependents-every', '-1'],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and '--dependents-every must be 0 or more' in bad.stderr

@@ -339,13 +339,15 @@ def test_a_queue_class_that_overrides_enqueue_dependents_is_called_for_each_dead
 
 
 @pytest.mark.parametrize('sweeper', [Sweeper, CountingSweeper], ids=['stock queue class', 'own enqueue_dependents'])
-def test_a_dependent_of_two_dead_letters_of_one_batch_is_enqueued_once(conn, sweeper) -> None:
+@pytest.mark.parametrize('second_queue', ['twice', 'twice-other'], ids=['one queue', 'two queues'])
+def test_a_dependent_of_two_dead_letters_of_one_batch_is_enqueued_once(conn, sweeper, second_queue) -> None:
     """The sweep fails both in the server before either's side effects run: the second must
     not enqueue again what the first one did (RQ's function does not look at the dependent)."""
     queue = Queue('twice', connection=conn)
-    first, second = (start_job(conn, queue, max_stalled=1)[0] for _ in range(2))
+    first = start_job(conn, queue, max_stalled=1)[0]
+    second = start_job(conn, Queue(second_queue, connection=conn), max_stalled=1)[0]
     dependent = queue.enqueue('tests.jobs.add', 1, 1, depends_on=Dependency(jobs=[first, second], allow_failure=True))
-    report = sweeper(conn, restart_grace=0).sweep(['twice'])
+    report = sweeper(conn, restart_grace=0).sweep(['twice', second_queue])
     assert sorted(report.finished) == sorted([first.id, second.id])
     assert queue.get_job_ids() == [dependent.id]
     assert Job.fetch(dependent.id, connection=conn).get_status() == JobStatus.QUEUED
