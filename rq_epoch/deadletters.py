@@ -336,8 +336,8 @@ class _Batch:
     parents: dict[str, list[Job]] = field(default_factory=dict)
     #: Dependents RQ 3 moved to a ReadyJobRegistry job by job: per queue, by target queue.
     made_ready: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    #: Dependents enqueued (or made ready) job by job for a job of the batch (see
-    #: :meth:`~rq_epoch.dependents.BatchDependents.enqueue_one`).
+    #: Dependents enqueued (or made ready) for a job of the batch: another job of the batch
+    #: does not enqueue them again (see :mod:`rq_epoch.dependents`).
     enqueued: set[str] = field(default_factory=set)
 
 

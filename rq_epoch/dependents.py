@@ -109,8 +109,8 @@ class BatchDependents:
         """One failed job's dependents, with RQ's function (:func:`rq_epoch.compat.move_dependents_to_ready`:
         on RQ 3 made ready, their ids returned by queue name; on RQ 2 enqueued).
 
-        The dependents enqueued job by job for another job of the batch are taken off this
-        job's dependents first (see the module's docstring).
+        The dependents already enqueued for another job of the batch are taken off this job's
+        dependents first (see the module's docstring).
         """
         key = parent.dependents_key
         with self.connection.pipeline(transaction=False) as pipe:
