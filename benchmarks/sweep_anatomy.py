@@ -134,7 +134,7 @@ STEPS: tuple[Step, ...] = (
             (
                 "records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '\n"
                 "                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. "
-                "field(member) .. ' '\n                          .. "
+                "(plain_members and member or field(member)) .. ' '\n                          .. "
                 '(epoch_fields[lease_epoch] or epoch_field(lease_epoch))',
                 '',
             ),
@@ -180,7 +180,7 @@ STEPS: tuple[Step, ...] = (
         '- stock entries',
         (
             (
-                "local stock = rcall('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)",
+                "local stock = members_of(rcall('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch))",
                 'local stock = {}',
             ),
             (
@@ -205,7 +205,7 @@ _JUDGE_LEASE = """\
 -- The common case of a lease, written out: a job that is started, names its execution and
 -- gets exempt or recovered, with no 0.2.0 lease key and the grace over. Anything else is
 -- judged by judge() (given what was read).
-local function members_of(command, key)
+local function gathered_list(command, key)
   gather(command, key, false)
   local members = gathered[key]
   members[#members] = nil
@@ -270,8 +270,8 @@ WRITTEN_OUT = Step(
         (
             'for _, member in ipairs(leases) do judge(LEASE, member) end',
             _JUDGE_LEASE
-            + "lease_drops, entry_drops, pushes = members_of('ZREM', leases_key), members_of('ZREM', wip_key), "
-            "members_of('LPUSH', queue_key)\n"
+            + "lease_drops, entry_drops, pushes = gathered_list('ZREM', leases_key), gathered_list('ZREM', wip_key), "
+            "gathered_list('LPUSH', queue_key)\n"
             'for _, member in ipairs(leases) do judge_lease(member) end\n'
             'if #pushes > 0 and not registered[queue_key] then\n'
             "  rcall('SADD', prefix .. ':queues', queue_key)\n"

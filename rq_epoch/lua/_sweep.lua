@@ -44,6 +44,18 @@ local function field(s)
   return (string.gsub(s, '[ \n%%]', function(c) return string.format('%%%02X', string.byte(c)) end))
 end
 
+-- Whether every member of the list being judged needs no encoding (members_of): record then
+-- writes members as they are, without three finds per member.
+local plain_members = false
+
+-- list, after noting whether any member of it needs encoding: one concat and three plain
+-- finds for the whole list. Returns the list and its members joined (nothing between them).
+local function members_of(list)
+  local joined = table.concat(list)
+  plain_members = not (find(joined, ' ', 1, true) or find(joined, '\n', 1, true) or find(joined, '%', 1, true))
+  return list, joined
+end
+
 -- memo[value], made by make(value) the first time a call asks for it (a batch holds a few
 -- distinct stamps and counts, so each is checked, parsed or formatted once per call).
 local function once(memo, value, make)
@@ -83,7 +95,7 @@ local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
   stalled, max_stalled, lease_epoch = stalled or 0, max_stalled or 0, lease_epoch or ''
   -- The memo tables are read here first: a call only for a text not formatted yet.
   records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '
-                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. field(member) .. ' '
+                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. (plain_members and member or field(member)) .. ' '
                           .. (epoch_fields[lease_epoch] or epoch_field(lease_epoch))
   if not dry and verdict ~= 'deferred' then tally[verdict] = (tally[verdict] or 0) + 1 end
 end
@@ -110,7 +122,8 @@ end
 -- one command), and the keys in the order they were first gathered.
 local gathered, gathered_command, gathered_keys, gathered_dels = {}, {}, {}, {}
 
-local function gather(command, key, member)
+-- The list of members gathered for key, made (and key's command noted) on first use.
+local function gathered_for(command, key)
   local members = gathered[key]
   if not members then
     members = {}
@@ -118,6 +131,11 @@ local function gather(command, key, member)
     gathered_command[key] = command
     gathered_keys[#gathered_keys + 1] = key
   end
+  return members
+end
+
+local function gather(command, key, member)
+  local members = gathered[key] or gathered_for(command, key)
   members[#members + 1] = member
 end
 
@@ -142,7 +160,12 @@ end
 local function requeue(prefix, queue_key, job_key, job_id, intermediate, later, ...)
   rcall('HSET', job_key, 'status', 'queued', 'started_at', '', ...)
   if intermediate then rcall('LREM', queue_key .. ':intermediate', 0, job_id) end
-  if later then gather('LPUSH', queue_key, job_id) else rcall('LPUSH', queue_key, job_id) end
+  if later then
+    local pushes = gathered[queue_key] or gathered_for('LPUSH', queue_key)
+    pushes[#pushes + 1] = job_id
+  else
+    rcall('LPUSH', queue_key, job_id)
+  end
   if not registered[queue_key] then
     rcall('SADD', prefix .. ':queues', queue_key)
     registered[queue_key] = true

@@ -127,27 +127,35 @@ local function drop_entry(kind, member, corrupt)
   if corrupt and kind == LEGACY then gather('ZREM', wip_key, member) end
 end
 
--- Forget RQ's records of the execution <job_id>:<exec_id>.
-local function forget(job_id, exec_id)
-  local member = job_id .. ':' .. exec_id
-  gather('ZREM', wip_key, member)
-  local execution_key = prefix .. ':execution:' .. member
+-- Forget the entry as it was read (when kind is given) and RQ's records of the execution
+-- <job_id>:<exec_id>. Called for every lease a verdict takes, so its gathering is written
+-- out here (gathered_for: no call per member).
+local function drop(kind, member, job_id, exec_id)
+  if kind then
+    local key = source_key[kind]
+    local entries = gathered[key] or gathered_for('ZREM', key)
+    entries[#entries + 1] = member
+  end
+  local execution = job_id .. ':' .. exec_id
+  local wip_entries = gathered[wip_key] or gathered_for('ZREM', wip_key)
+  wip_entries[#wip_entries + 1] = execution
+  local execution_key = prefix .. ':execution:' .. execution
   local worker_name = rcall('HGET', execution_key, 'worker_name')
-  gather_del(execution_key)
+  gathered_dels[#gathered_dels + 1] = execution_key
   rcall('ZREM', prefix .. ':executions:' .. job_id, exec_id)
   if worker_name and worker_name ~= '' then
-    gather('SREM', prefix .. ':worker:' .. worker_name .. ':executions', member)
+    local worker_key = prefix .. ':worker:' .. worker_name .. ':executions'
+    local executions = gathered[worker_key] or gathered_for('SREM', worker_key)
+    executions[#executions + 1] = execution
   end
 end
+
+-- Forget RQ's records of the execution <job_id>:<exec_id>.
+local function forget(job_id, exec_id) drop(nil, nil, job_id, exec_id) end
 
 -- Forget RQ's records of every execution of a job whose lease names none that can be read.
 local function forget_all(job_id)
   for _, e in ipairs(rcall('ZRANGE', prefix .. ':executions:' .. job_id, 0, batch - 1)) do forget(job_id, e) end
-end
-
-local function drop(kind, member, job_id, exec_id)
-  drop_entry(kind, member)
-  forget(job_id, exec_id)
 end
 
 local function bury(job_key, job_id, stalled, epochs, taken_field)
@@ -159,10 +167,13 @@ local function bury(job_key, job_id, stalled, epochs, taken_field)
   rcall('ZADD', finishing_key, 0, queue .. '|' .. job_id)
 end
 
+-- True while the leases being judged hold no ':' (checked once for the batch in the loop below).
+local leases_colon_free = false
+
 local function judge(kind, member)
   local job_id, exec_id
   if kind == LEASE then
-    if member ~= '' and not find(member, ':', 1, true) then job_id = member end
+    if member ~= '' and (leases_colon_free or not find(member, ':', 1, true)) then job_id = member end
   else
     job_id, exec_id = string.match(member, '^([^:]+):([^:]+)$')
   end
@@ -189,8 +200,10 @@ local function judge(kind, member)
     return record(member, 'ghost', 0, 0, '', dry)
   end
   local status, epoch, lease_execution = f[1], f[2], f[5]
-  local stalled = count_of(f[3], 0, 0)
-  local max_stalled = count_of(f[4], 1, default_max)
+  -- Most jobs have neither field: no call for those.
+  local stalled, max_stalled = 0, default_max
+  if f[3] then stalled = count_of(f[3], 0, 0) end
+  if f[4] then max_stalled = count_of(f[4], 1, default_max) end
   if kind == STOCK then epoch = false end
   if kind == LEASE then
     exec_id = lease_execution
@@ -252,7 +265,8 @@ local function judge(kind, member)
   return record(member, 'dead', stalled, max_stalled, epoch, dry)
 end
 
-local leases = rcall('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch)
+local leases, joined = members_of(rcall('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', lease_offset, batch))
+leases_colon_free = not find(joined, ':', 1, true)
 for _, member in ipairs(leases) do judge(LEASE, member) end
 send_gathered()
 local left_leases = left
@@ -262,7 +276,7 @@ if dry then left_leases = #leases end
 left = 0
 local legacy = {}
 if legacy_left then
-  legacy = rcall('ZRANGEBYSCORE', legacy_key, '-inf', now, 'LIMIT', legacy_offset, batch)
+  legacy = members_of(rcall('ZRANGEBYSCORE', legacy_key, '-inf', now, 'LIMIT', legacy_offset, batch))
   for _, member in ipairs(legacy) do judge(LEGACY, member) end
   send_gathered()
 end
@@ -279,7 +293,7 @@ end
 
 -- Stock workers' entries: finite, expired scores in RQ's registry, not managed by us.
 left = 0
-local stock = rcall('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch)
+local stock = members_of(rcall('ZRANGEBYSCORE', wip_key, '-inf', now, 'LIMIT', stock_offset, batch))
 for _, member in ipairs(stock) do
   if managed(member) then left = left + 1 else judge(STOCK, member) end
 end
