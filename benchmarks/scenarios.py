@@ -49,7 +49,7 @@ from rq.registry import StartedJobRegistry as StockStartedJobRegistry
 from rq.timeouts import UnixSignalDeathPenalty
 from rq.utils import current_timestamp
 
-from rq_epoch import Sweeper, compat, keys
+from rq_epoch import Sweeper, compat, keys, scripts
 from rq_epoch.deadletters import CLAIM_BATCH
 
 from . import jobs as job_functions
@@ -208,6 +208,93 @@ if #members >= tonumber(ARGV[3]) then more = 1 end
 return {run_id, 0, tostring(now), 'master', 0, 0, 0, 0, more, 0, 0, 0, #members, ''}
 """
 )
+
+#: The sweep's duties for its two requeue verdicts, written as one compact loop: what a script
+#: that does everything the sweep does for a common lease, and nothing for any other, costs.
+#: Per call, the sweep's reads (the run_id and uptime, the primary epoch with ``INFO replication``
+#: and the primaries hash, the 0.2.0 lease key, stock workers' expired entries) and writes (the
+#: counters, ``last_sweep``, the queues set); per lease, the sweep's read of seven job fields and
+#: its writes, gathered the way it gathers them: the lease, RQ's entry, the execution records,
+#: the worker's execution set, the job requeued with ``started_at`` cleared and the taken record,
+#: ``exempt_recoveries`` (exempt) or ``stalled`` and ``stall_epochs`` (recovered), and a verdict
+#: record in the reply. A lease that is not a started job's own, or would be deferred or dead,
+#: is left in place (no verdict rule for it, no encoding of odd members): the reference has the
+#: sweep's commands and none of its structure. ``-- @include _epoch.lua`` is expanded by
+#: :func:`compact_script`.
+COMPACT_SCRIPT = """-- @include _epoch.lua
+local run_id, uptime = current_epoch()
+local now = server_now()
+local prefix, queue = ARGV[1], ARGV[2]
+local batch, default_max, grace = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', true)
+local queue_key = prefix .. ':queue:' .. queue
+local legacy_left = redis.call('EXISTS', KEYS[5]) == 1
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch)
+local leases, entries, records, pushes, workers, worker_keys, lines = {}, {}, {}, {}, {}, {}, {}
+local exempt, recovered = 0, 0
+for _, job_id in ipairs(members) do
+  local job_key = prefix .. ':job:' .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
+                       'exempt_recoveries', 'stall_epochs')
+  local exec_id, counted = f[5], f[2] == run_id
+  local stalled, max_stalled = tonumber(f[3]) or 0, tonumber(f[4]) or default_max
+  if f[1] == 'started' and exec_id and not legacy_left and primary.age >= grace
+      and not (counted and stalled + 1 >= max_stalled) then
+    local member = job_id .. ':' .. exec_id
+    leases[#leases + 1] = job_id
+    entries[#entries + 1] = member
+    local execution_key = prefix .. ':execution:' .. member
+    local worker = redis.call('HGET', execution_key, 'worker_name')
+    records[#records + 1] = execution_key
+    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+    if worker then
+      local key = prefix .. ':worker:' .. worker .. ':executions'
+      if not workers[key] then workers[key] = {}; worker_keys[#worker_keys + 1] = key end
+      table.insert(workers[key], member)
+    end
+    local verdict = 'exempt'
+    if counted then
+      verdict, stalled = 'recovered', stalled + 1
+      local epochs = f[7]
+      if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
+      redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', 'stalled', stalled, 'stall_epochs', epochs,
+                 'taken:' .. exec_id, verdict)
+      recovered = recovered + 1
+    else
+      redis.call('HSET', job_key, 'status', 'queued', 'started_at', '', 'exempt_recoveries',
+                 (tonumber(f[6]) or 0) + 1, 'taken:' .. exec_id, verdict)
+      exempt = exempt + 1
+    end
+    pushes[#pushes + 1] = job_id
+    -- The counts as read (a number joined to a string is formatted with sprintf each time).
+    local stalled_text = counted and tostring(stalled) or f[3] or '0'
+    lines[#lines + 1] = verdict .. ' ' .. stalled_text .. ' ' .. (f[4] or ARGV[4]) .. ' ' .. job_id .. ' '
+                        .. (f[2] or '')
+  end
+end
+if #leases > 0 then
+  redis.call('ZREM', KEYS[1], unpack(leases))
+  redis.call('ZREM', KEYS[2], unpack(entries))
+  redis.call('DEL', unpack(records))
+  for _, key in ipairs(worker_keys) do redis.call('SREM', key, unpack(workers[key])) end
+  redis.call('LPUSH', queue_key, unpack(pushes))
+  redis.call('SADD', prefix .. ':queues', queue_key)
+end
+local stock = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+if exempt > 0 then redis.call('HINCRBY', KEYS[4], 'exempt', exempt) end
+if recovered > 0 then redis.call('HINCRBY', KEYS[4], 'recovered', recovered) end
+redis.call('HSET', KEYS[4], 'last_sweep', tostring(now))
+local more = 0
+if #members >= batch or #stock >= batch then more = 1 end
+return {run_id, tostring(uptime), tostring(now), primary.role, tostring(primary.age), primary.online,
+        primary.expected, tostring(primary.first), more, #members - #leases, 0, 0, #lines, table.concat(lines, '\\n')}
+"""
+
+
+def compact_script() -> str:
+    """:data:`COMPACT_SCRIPT` with the helpers it shares with rq-epoch's scripts pasted in."""
+    return scripts._expand(COMPACT_SCRIPT)
+
 
 #: Less than any sweep can do: read each expired lease's job and drop the lease, nothing else
 #: (the job is not requeued, RQ's records stay). How the cost of walking the lease set and the

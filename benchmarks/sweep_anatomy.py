@@ -66,6 +66,10 @@ specification adds to a requeue (the uncounted-recovery or stall count, the reco
 lease), called like the script on the leases the script judges; the ``× specified floor``
 column compares with it. It sends one command per write, as the floor does: what the
 specification adds to the floor, not the least a sweep can cost (gathering writes saves more).
+``--compact`` also calls :data:`benchmarks.scenarios.COMPACT_SCRIPT`: the sweep's reads and
+writes for its two requeue verdicts, gathered as the sweep gathers them, in one loop with no
+helper functions and no verdict rule for any other lease, called like the script on the leases
+the script judges: what the script's commands cost without its structure.
 
     python -m benchmarks.sweep_anatomy                     # 10,000 leases, 3 repeats
     python -m benchmarks.sweep_anatomy --sizes 10000,100000 --repeat 5
@@ -76,6 +80,7 @@ specification adds to the floor, not the least a sweep can cost (gathering write
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --rounds 3
     python -m benchmarks.sweep_anatomy --interleave --sizes 10000 --floors-only --verdict recovered
     python -m benchmarks.sweep_anatomy --interleave --sizes 100000 --floors-only --written-out --specified
+    python -m benchmarks.sweep_anatomy --interleave --sizes 10000,100000 --floors-only --rounds 3 --specified --compact
     python -m benchmarks.sweep_anatomy --quick
 """
 
@@ -104,6 +109,7 @@ from .scenarios import (
     QUEUE,
     READ_AND_DROP_SCRIPT,
     SPECIFIED_FLOOR_SCRIPT,
+    compact_script,
     prepare,
 )
 
@@ -429,6 +435,9 @@ GATHERED_FLOOR = 'floor, gathered'
 #: The label of SPECIFIED_FLOOR_SCRIPT (``--specified``): the floor with the writes the
 #: specification adds, called like the script, on the leases the script judges.
 SPECIFIED_FLOOR = 'floor, specified'
+#: The label of COMPACT_SCRIPT (``--compact``): the sweep's duties for its requeue verdicts in one
+#: compact loop, called like the script, on the leases the script judges.
+COMPACT = 'compact'
 #: The label of READ_AND_DROP_SCRIPT: less than any sweep does (read each job, drop each lease).
 READ_AND_DROP = 'read and drop'
 #: Variants called like the floor (KEYS: leases, wip; ARGV: prefix, queue, batch).
@@ -450,16 +459,18 @@ def _interleaved(conn: redis.Redis, n: int, seed: int, ballast: int = 0, **optio
 
 
 def _sources(
-    floors_only: bool = False, with_written_out: bool = False, with_specified: bool = False
+    floors_only: bool = False, with_written_out: bool = False, with_specified: bool = False, with_compact: bool = False
 ) -> list[tuple[str, str]]:
     """(label, source) of every script an interleaved run calls: the variants and the floors.
 
     With ``with_written_out``, :data:`WRITTEN_OUT` after the script's variants (and, with
-    ``floors_only``, the :data:`WITHOUT_DUTIES` step beside it); with ``with_specified``,
-    :data:`SPECIFIED_FLOOR` before the floor."""
+    ``floors_only``, the :data:`WITHOUT_DUTIES` step beside it); with ``with_compact``,
+    :data:`COMPACT` after them; with ``with_specified``, :data:`SPECIFIED_FLOOR` before the floor."""
     extra = [written_out()] if with_written_out else []
     if floors_only and with_written_out:
         extra += [v for v in variants() if v[0] == WITHOUT_DUTIES]
+    if with_compact:
+        extra.append((COMPACT, compact_script()))
     if with_specified:
         extra.append((SPECIFIED_FLOOR, SPECIFIED_FLOOR_SCRIPT))
     if floors_only:
@@ -483,13 +494,14 @@ def _interleaved_sets(
     verdict: str = 'exempt',
     with_written_out: bool = False,
     with_specified: bool = False,
+    with_compact: bool = False,
 ) -> list[dict[str, Any]]:
     """One set of expired leases per entry of ``conns`` (size: a server of its own), every
     variant on every set called in turn, a batch per call, until one set runs out; ``rounds``
     times, each on sets made again, the calls of every round pooled. With ``verdict`` 'recovered'
     the script variants judge a second set of as many leases, stamped by the running server."""
     batch = Sweeper(next(iter(conns.values()))).settings.batch_size
-    sources = _sources(floors_only, with_written_out, with_specified)
+    sources = _sources(floors_only, with_written_out, with_specified, with_compact)
     labels = [label for label, _ in sources]
     walls: dict[tuple[int, str], list[float]] = {(n, label): [] for n in conns for label in labels}
     servers: dict[int, dict[str, list[int]]] = {n: {label: [] for label in labels} for n in conns}
@@ -623,9 +635,12 @@ def _one_call(conn: redis.Redis, sha: str, floor: bool, batch: int, queue: str =
     return lambda: conn.evalsha(sha, len(sweep_keys), *sweep_keys, *args)
 
 
-def least_interleaved(floors_only: bool = False, with_written_out: bool = False, with_specified: bool = False) -> int:
+def least_interleaved(
+    floors_only: bool = False, with_written_out: bool = False, with_specified: bool = False, with_compact: bool = False
+) -> int:
     """The fewest leases that give every variant two full batches with ``--interleave``."""
-    return 2 * EpochSettings.resolve().batch_size * len(_sources(floors_only, with_written_out, with_specified))
+    sources = _sources(floors_only, with_written_out, with_specified, with_compact)
+    return 2 * EpochSettings.resolve().batch_size * len(sources)
 
 
 def _settings(conn: redis.Redis, names: dict[str, str] | None) -> dict[str, str]:
@@ -647,6 +662,7 @@ def run_interleaved(
     server_config: dict[str, str] | None = None,
     with_written_out: bool = False,
     with_specified: bool = False,
+    with_compact: bool = False,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     config = {} if aof else {'appendonly': 'no'}
@@ -657,6 +673,7 @@ def run_interleaved(
         'verdict': verdict,
         'with_written_out': with_written_out,
         'with_specified': with_specified,
+        'with_compact': with_compact,
     }
     if side_by_side:
         with ExitStack() as stack:
@@ -685,6 +702,7 @@ def run_interleaved(
         'floors_only': floors_only,
         'written_out': with_written_out,
         'specified': with_specified,
+        'compact': with_compact,
         'verdict': verdict,
         'server_config': applied,
         'rows': rows,
@@ -809,6 +827,12 @@ def main(argv: list[str] | None = None) -> int:
         'and stall counts, the record of a taken lease), on the leases the script judges',
     )
     p.add_argument(
+        '--compact',
+        action='store_true',
+        help="with --interleave: also call the sweep's duties for its requeue verdicts written as one compact loop "
+        '(no verdict rule for other leases): what a script with the same commands and none of the structure costs',
+    )
+    p.add_argument(
         '--server-config',
         action='append',
         default=[],
@@ -823,11 +847,12 @@ def main(argv: list[str] | None = None) -> int:
         or bool(args.server_config)
         or args.written_out
         or args.specified
+        or args.compact
     )
     if interleave_only and not args.interleave:
         p.error(
-            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict, --written-out, --specified '
-            'and --server-config apply to --interleave only'
+            '--ballast, --no-aof, --side-by-side, --rounds, --floors-only, --verdict, --written-out, --specified, '
+            '--compact and --server-config apply to --interleave only'
         )
     server_config = {}
     for setting in args.server_config:
@@ -843,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeat is not None:
             p.error('--repeat does not apply to --interleave: every variant is called until the leases run out')
         sizes = args.sizes or (QUICK_INTERLEAVED_SIZES if args.quick else FULL_SIZES)
-        least = least_interleaved(args.floors_only, args.written_out, args.specified)
+        least = least_interleaved(args.floors_only, args.written_out, args.specified, args.compact)
         if min(sizes) < least:
             p.error(f'--interleave needs at least {least} leases per size (two batches per variant)')
         if args.side_by_side and (len(sizes) < 2 or len(set(sizes)) != len(sizes)):
@@ -861,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
             server_config=server_config,
             with_written_out=args.written_out,
             with_specified=args.specified,
+            with_compact=args.compact,
         )
         print(render_interleaved(result['rows']))
         write_results(NAME, {'quick': args.quick, **result}, args.out)

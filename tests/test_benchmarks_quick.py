@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from benchmarks import fixture, report
-from benchmarks.scenarios import CASES, QUEUE, SPECIFIED_FLOOR_SCRIPT, prepare
-from rq_epoch import Sweeper, keys
+from benchmarks.scenarios import CASES, QUEUE, SPECIFIED_FLOOR_SCRIPT, compact_script, prepare
+from rq_epoch import Sweeper, keys, scripts
 from tests.conftest import ROOT, SERVER_KINDS
 
 #: Every test here runs a benchmark (or builds its fixture) with real servers and workers.
@@ -168,7 +168,7 @@ def test_sweep_anatomy_recovered_verdicts_are_judged_beside_the_floors_exempt_se
     assert all(row['ok'] and row['verdict'] == 'recovered' and row['calls'] >= 2 for row in doc['rows'])
 
 
-def test_sweep_anatomy_written_out_and_specified_floor_judge_as_the_script_does(tmp_path: Path) -> None:
+def test_sweep_anatomy_written_out_compact_and_specified_floor_judge_as_the_script_does(tmp_path: Path) -> None:
     for verdict in ('exempt', 'recovered'):
         doc = run_quick(
             'sweep_anatomy',
@@ -179,14 +179,16 @@ def test_sweep_anatomy_written_out_and_specified_floor_judge_as_the_script_does(
             '--floors-only',
             '--written-out',
             '--specified',
+            '--compact',
             '--verdict',
             verdict,
         )
-        assert doc['written_out'] is True and doc['specified'] is True
+        assert doc['written_out'] is True and doc['specified'] is True and doc['compact'] is True
         assert [row['step'] for row in doc['rows']] == [
             'script alone',
             'written out',
             '- stock entries',
+            'compact',
             'floor, specified',
             'floor',
             'floor, gathered',
@@ -239,6 +241,37 @@ def test_the_specified_floor_writes_what_the_sweep_writes_for_the_specification(
     counted = {'exempt': (None, b'1'), 'recovered': (b'1', None)}[verdict]
     assert all(row[:5] == (b'queued', *counted, verdict.encode(), None) for row in ended['sweep'])
     assert all(row[5] is None and row[6] is True for row in ended['sweep'])
+
+
+@pytest.mark.parametrize('verdict', ['exempt', 'recovered'])
+def test_the_compact_script_leaves_leases_as_the_sweep_does(conn: redis.Redis, verdict: str) -> None:
+    """The same leases judged by the sweep and by the compact script end alike: the job's fields,
+    the record of the taken lease, RQ's entries, the queue, the counters and the reply's records."""
+    ended, lines = {}, {}
+    for who in ('sweep', 'compact'):
+        conn.delete(keys.stats_key(QUEUE))
+        jobs = prepare(conn, CASES[verdict], 5)
+        executions = {j: conn.hget(keys.job_key(j), 'lease_execution').decode() for j in jobs.job_ids}
+        sweep_keys = [
+            keys.leases_key(QUEUE),
+            keys.wip_key(QUEUE),
+            keys.finishing_key(),
+            keys.stats_key(QUEUE),
+            keys.legacy_leases_key(QUEUE),
+        ]
+        source = scripts.sweep().source if who == 'sweep' else compact_script()
+        reply = conn.eval(source, len(sweep_keys), *sweep_keys, keys.PREFIX, QUEUE, 30, 3, 0, 86400, '0', 0, 0, 0)
+        lines[who] = sorted(line.split(b' ', 1)[0] for line in reply[13].split(b'\n'))
+        after = _after(conn, jobs.job_ids, executions)
+        extra = {j: tuple(conn.hmget(keys.job_key(j), 'started_at', 'stall_epochs')) for j in jobs.job_ids}
+        ended[who] = (
+            sorted((*after[j], *extra[j]) for j in jobs.job_ids),
+            conn.hget(keys.stats_key(QUEUE), verdict),
+            conn.sismember(keys.queues_key(), keys.queue_key(QUEUE)),
+        )
+    assert ended['sweep'] == ended['compact']
+    assert ended['sweep'][1] == b'5'
+    assert lines['sweep'] == lines['compact'] == [verdict.encode()] * 5
 
 
 def test_report_renders_every_section(results_dir: Path) -> None:
