@@ -139,8 +139,9 @@ STEPS: tuple[Step, ...] = (
         (
             (
                 "records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '\n"
-                "                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. "
-                "(plain_members and member or field(member)) .. ' '\n                          .. "
+                "                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' '\n"
+                "                          .. (plain_members and member or field(member)) .. ' '\n"
+                "                          .. "
                 '(epoch_fields[lease_epoch] or epoch_field(lease_epoch))',
                 '',
             ),

@@ -23,12 +23,17 @@
 --   is removed too (a started job has none: the grant, or RQ's own start, removed it). With
 --   `later` true the push is gathered (see gather) instead of sent now. `...` are more fields
 --   of the job to write in the same HSET.
--- gather(command, key, member) / gather_del(key) / send_gathered()
---   Writes of one loop that name one key each (ZREM, SREM, LPUSH) or many keys (DEL), kept
---   and sent by send_gathered() as one command per key (at most 1,000 members each; the
---   keys in the order they were first gathered, each key's members in the order they were
---   gathered): the writes of one command per member in a fraction of the commands. Only for
---   writes that nothing read before send_gathered() depends on.
+-- gather(command, key, member) / send_gathered()
+--   Writes of one loop that name one key each (ZREM, SREM, LPUSH) or many keys (DEL: keys
+--   appended to `gathered_dels`), kept and sent by send_gathered() as one command per key (at
+--   most 1,000 members each; the keys in the order they were first gathered, each key's
+--   members in the order they were gathered): the writes of one command per member in a
+--   fraction of the commands. Only for writes that nothing read before send_gathered()
+--   depends on. A caller that gathers for every lease appends to `gathered[key] or
+--   gathered_for(command, key)` itself (a call less per member).
+-- members_of(list) -> list, joined
+--   Notes whether any member of a list read from a sorted set needs percent-encoding in a
+--   record (checked once for the whole list); record then writes the others as they are.
 
 local records = {}
 local tally = {}
@@ -95,7 +100,8 @@ local function record(member, verdict, stalled, max_stalled, lease_epoch, dry)
   stalled, max_stalled, lease_epoch = stalled or 0, max_stalled or 0, lease_epoch or ''
   -- The memo tables are read here first: a call only for a text not formatted yet.
   records[#records + 1] = verdict .. ' ' .. (count_texts[stalled] or count_text(stalled)) .. ' '
-                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' ' .. (plain_members and member or field(member)) .. ' '
+                          .. (count_texts[max_stalled] or count_text(max_stalled)) .. ' '
+                          .. (plain_members and member or field(member)) .. ' '
                           .. (epoch_fields[lease_epoch] or epoch_field(lease_epoch))
   if not dry and verdict ~= 'deferred' then tally[verdict] = (tally[verdict] or 0) + 1 end
 end
@@ -137,10 +143,6 @@ end
 local function gather(command, key, member)
   local members = gathered[key] or gathered_for(command, key)
   members[#members + 1] = member
-end
-
-local function gather_del(key)
-  gathered_dels[#gathered_dels + 1] = key
 end
 
 -- One command per 1,000 members: `unpack` puts every argument on Lua's stack.
