@@ -124,34 +124,31 @@ return #members
 """
 )
 
-#: The same writes with those that name one key for many leases sent once per call (one
-#: ZREM of the leases, one of RQ's registry, one DEL of the execution records, one SREM per
-#: worker, one LPUSH), as the sweep sends them: the floor for a script that gathers its writes.
-FLOOR_GATHERED_SCRIPT = (
-    _FLOOR_HEAD
-    + """
+#: The tables of the writes gathered per call (see _GATHER_DROP and _SEND_GATHERED).
+_GATHER_TABLES = """\
 local leases, entries, records, pushes, workers, worker_keys = {}, {}, {}, {}, {}, {}
-for _, job_id in ipairs(members) do
-  local job_key = prefix .. ':job:' .. job_id
-  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution')
-  if f[1] == 'started' and f[2] ~= run_id then
-    local exec_id = f[3]
-    local member = job_id .. ':' .. exec_id
-    leases[#leases + 1] = job_id
-    entries[#entries + 1] = member
-    local execution_key = prefix .. ':execution:' .. member
-    local worker = redis.call('HGET', execution_key, 'worker_name')
-    records[#records + 1] = execution_key
-    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
-    if worker then
-      local key = prefix .. ':worker:' .. worker .. ':executions'
-      if not workers[key] then workers[key] = {}; worker_keys[#worker_keys + 1] = key end
-      table.insert(workers[key], member)
-    end
-    redis.call('HSET', job_key, 'status', 'queued')
-    pushes[#pushes + 1] = job_id
-  end
+"""
+
+#: Per lease, the drop writes of _DROP_WRITES gathered instead of sent: the lease ``job_id``,
+#: RQ's entry ``member`` (``<job_id>:<exec_id>``, declared here) and the execution record go to
+#: one command each per call; the job's own executions set is written at once.
+_GATHER_DROP = """\
+local member = job_id .. ':' .. exec_id
+leases[#leases + 1] = job_id
+entries[#entries + 1] = member
+local execution_key = prefix .. ':execution:' .. member
+local worker = redis.call('HGET', execution_key, 'worker_name')
+records[#records + 1] = execution_key
+redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
+if worker then
+  local key = prefix .. ':worker:' .. worker .. ':executions'
+  if not workers[key] then workers[key] = {}; worker_keys[#worker_keys + 1] = key end
+  table.insert(workers[key], member)
 end
+"""
+
+#: Once per call, the gathered writes sent (and the jobs in ``pushes`` pushed back).
+_SEND_GATHERED = """\
 if #leases > 0 then
   redis.call('ZREM', KEYS[1], unpack(leases))
   redis.call('ZREM', KEYS[2], unpack(entries))
@@ -159,7 +156,28 @@ if #leases > 0 then
   for _, key in ipairs(worker_keys) do redis.call('SREM', key, unpack(workers[key])) end
   redis.call('LPUSH', queue_key, unpack(pushes))
 end
-return #members
+"""
+
+#: The same writes with those that name one key for many leases sent once per call (one
+#: ZREM of the leases, one of RQ's registry, one DEL of the execution records, one SREM per
+#: worker, one LPUSH), as the sweep sends them: the floor for a script that gathers its writes.
+FLOOR_GATHERED_SCRIPT = (
+    _FLOOR_HEAD
+    + _GATHER_TABLES
+    + """for _, job_id in ipairs(members) do
+  local job_key = prefix .. ':job:' .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'lease_execution')
+  if f[1] == 'started' and f[2] ~= run_id then
+    local exec_id = f[3]
+"""
+    + indent(_GATHER_DROP, '    ')
+    + """    redis.call('HSET', job_key, 'status', 'queued')
+    pushes[#pushes + 1] = job_id
+  end
+end
+"""
+    + _SEND_GATHERED
+    + """return #members
 """
 )
 
@@ -221,7 +239,8 @@ return {run_id, 0, tostring(now), 'master', 0, 0, 0, 0, more, 0, 0, 0, #members,
 #: is left in place (no verdict rule for it, no encoding of odd members): the reference has the
 #: sweep's commands and none of its structure. ``-- @include _epoch.lua`` is expanded by
 #: :func:`compact_script`.
-COMPACT_SCRIPT = """-- @include _epoch.lua
+COMPACT_SCRIPT = (
+    """-- @include _epoch.lua
 local run_id, uptime = current_epoch()
 local now = server_now()
 local prefix, queue = ARGV[1], ARGV[2]
@@ -230,8 +249,9 @@ local primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries',
 local queue_key = prefix .. ':queue:' .. queue
 local legacy_left = redis.call('EXISTS', KEYS[5]) == 1
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch)
-local leases, entries, records, pushes, workers, worker_keys, lines = {}, {}, {}, {}, {}, {}, {}
-local exempt, recovered = 0, 0
+"""
+    + _GATHER_TABLES
+    + """local lines, exempt, recovered = {}, 0, 0
 for _, job_id in ipairs(members) do
   local job_key = prefix .. ':job:' .. job_id
   local f = redis.call('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
@@ -240,19 +260,9 @@ for _, job_id in ipairs(members) do
   local stalled, max_stalled = tonumber(f[3]) or 0, tonumber(f[4]) or default_max
   if f[1] == 'started' and exec_id and not legacy_left and primary.age >= grace
       and not (counted and stalled + 1 >= max_stalled) then
-    local member = job_id .. ':' .. exec_id
-    leases[#leases + 1] = job_id
-    entries[#entries + 1] = member
-    local execution_key = prefix .. ':execution:' .. member
-    local worker = redis.call('HGET', execution_key, 'worker_name')
-    records[#records + 1] = execution_key
-    redis.call('ZREM', prefix .. ':executions:' .. job_id, exec_id)
-    if worker then
-      local key = prefix .. ':worker:' .. worker .. ':executions'
-      if not workers[key] then workers[key] = {}; worker_keys[#worker_keys + 1] = key end
-      table.insert(workers[key], member)
-    end
-    local verdict = 'exempt'
+"""
+    + indent(_GATHER_DROP, '    ')
+    + """    local verdict = 'exempt'
     if counted then
       verdict, stalled = 'recovered', stalled + 1
       local epochs = f[7]
@@ -272,14 +282,9 @@ for _, job_id in ipairs(members) do
                         .. (f[2] or '')
   end
 end
-if #leases > 0 then
-  redis.call('ZREM', KEYS[1], unpack(leases))
-  redis.call('ZREM', KEYS[2], unpack(entries))
-  redis.call('DEL', unpack(records))
-  for _, key in ipairs(worker_keys) do redis.call('SREM', key, unpack(workers[key])) end
-  redis.call('LPUSH', queue_key, unpack(pushes))
-  redis.call('SADD', prefix .. ':queues', queue_key)
-end
+"""
+    + _SEND_GATHERED
+    + """if #leases > 0 then redis.call('SADD', prefix .. ':queues', queue_key) end
 local stock = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
 if exempt > 0 then redis.call('HINCRBY', KEYS[4], 'exempt', exempt) end
 if recovered > 0 then redis.call('HINCRBY', KEYS[4], 'recovered', recovered) end
@@ -289,6 +294,7 @@ if #members >= batch or #stock >= batch then more = 1 end
 return {run_id, tostring(uptime), tostring(now), primary.role, tostring(primary.age), primary.online,
         primary.expected, tostring(primary.first), more, #members - #leases, 0, 0, #lines, table.concat(lines, '\\n')}
 """
+)
 
 
 def compact_script() -> str:
