@@ -5,9 +5,19 @@ from __future__ import annotations
 import sys
 import time
 
-from . import heartbeat, memory, pickup, report, sweep_anatomy, sweep_latency, sweep_vs_cleanup, worker_throughput
+from . import (
+    call_cost,
+    heartbeat,
+    memory,
+    pickup,
+    report,
+    sweep_anatomy,
+    sweep_latency,
+    sweep_vs_cleanup,
+    worker_throughput,
+)
 
-MODULES = (sweep_vs_cleanup, sweep_anatomy, sweep_latency, worker_throughput, heartbeat, memory, pickup)
+MODULES = (sweep_vs_cleanup, sweep_anatomy, call_cost, sweep_latency, worker_throughput, heartbeat, memory, pickup)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 BENCHMARKS = {
     'sweep_vs_cleanup': ('rows', 'sizes', 'server'),
     'sweep_anatomy': ('rows', 'repeat', 'server'),
+    'call_cost': ('rows', 'rounds', 'batches', 'server'),
     'sweep_latency': ('baseline', 'during', 'batch_study', 'targets'),
     'worker_throughput': ('runs', 'summary'),
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
