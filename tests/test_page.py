@@ -6,7 +6,8 @@ rendered DOM. Job data carrying markup must stay text: a hostile description or 
 would add a marker element and change ``document.title`` if it ran.
 
 The screenshot goes to the test's temp folder; with ``RQ_EPOCH_PAGE_SCREENSHOT=PATH`` it is
-also copied to PATH (docs/monitoring-page.png is made that way, see docs/monitoring.md).
+also copied to PATH, relative to the repository's root (docs/monitoring-page.png is made that way:
+``RQ_EPOCH_PAGE_SCREENSHOT=docs/monitoring-page.png pytest tests/test_page.py -k browser``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.page import SECURITY_HEADERS, ExporterApp, PageSettings, WebServer
 from rq_epoch.settings import EpochSettings
 from tests.browser import Chromium, Dom
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.leases import CURRENT, start_job
 from tests.test_cli import snapshot
 from tests.test_metrics import ExporterProcess
@@ -158,8 +159,9 @@ def test_the_page_in_a_browser_shows_leases_stalls_and_dead_letters_and_runs_no_
         print(f'\nscreenshot of the page: {shot}')
         wanted = os.environ.get('RQ_EPOCH_PAGE_SCREENSHOT')
         if wanted:
-            shutil.copyfile(shot, wanted)
-            print(f'copied to {wanted}')
+            copy = ROOT / wanted  # a relative path is taken from the repository's root
+            shutil.copyfile(shot, copy)
+            print(f'copied to {copy}')
     finally:
         Path(release).touch()
         assert exporter.stop()[0] == 0
