@@ -215,7 +215,8 @@ class StatusPage:
     def _queue_table(self, found: Status) -> str:
         head = (
             '<tr><th>queue</th><th>live leases</th><th>expired leases</th><th>deferred leases</th>'
-            '<th>counted stalls (total)</th><th>uncounted recoveries (total)</th><th>dead letters</th><th>last sweep</th></tr>'
+            '<th>counted stalls (total)</th><th>uncounted recoveries (total)</th><th>dead letters</th>'
+            '<th>last sweep</th></tr>'
         )
         if not found.queues:
             return '<p id="no-queues">No queues.</p>'
