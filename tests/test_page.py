@@ -84,31 +84,32 @@ def test_the_page_in_a_browser_shows_leases_stalls_and_dead_letters_and_runs_no_
 ) -> None:
     queue = Queue('web', connection=conn)
     log, release = str(tmp_path / 'log'), str(tmp_path / 'release')
-    workers = [start_worker('web') for _ in range(3)]
+    # A 5 s lease (1 s heartbeat, 4 s margin): a busy machine does not make a live one expire.
+    workers = [start_worker('web', env={'RQ_EPOCH_LEASE_MARGIN': '4'}) for _ in range(3)]
 
     # A job that failed with markup in its exception text.
     (tmp_path / 'open').touch()
     failed = queue.enqueue('tests.jobs.fail_after_file', log, HOSTILE_EXCEPTION_TAG, str(tmp_path / 'open'))
     wait_for(lambda: failed.get_status(refresh=True) == JobStatus.FAILED, 60, what='the failing job failed')
 
-    # A counted stall: the worker running this job is SIGKILLed; a live worker's sweep requeues
-    # it (stalled 1/3) and another worker runs it again.
+    # A counted stall and a dead letter at once: the worker running a job is SIGKILLed, and a
+    # poison pill with a budget of 1 takes an idle worker down. The third worker's sweep
+    # requeues the job (stalled 1/3) and runs it again, and dead-letters the pill.
     stalled = queue.enqueue('tests.jobs.wait_for_file_then_record', log, 's', release, max_stalled=3)
     wait_for(lambda: stalled.get_status(refresh=True) == JobStatus.STARTED, 60, what='the job running')
     [victim] = wait_for(lambda: working_workers(workers), 10, what='the worker running the job')
+    pill = queue.enqueue('tests.jobs.poison_pill', log, 'p', max_stalled=1, description=HOSTILE)
+    wait_for(lambda: sum(w.proc.poll() is None for w in workers) == 2, 60, what='the poison pill killing a worker')
     victim.kill()
     wait_for(
-        lambda: Job.fetch(stalled.id, connection=conn).stalled == 1 and working_workers(workers),
+        lambda: (
+            Job.fetch(stalled.id, connection=conn).stalled == 1
+            and working_workers(workers)
+            and pill.get_status(refresh=True) == JobStatus.FAILED
+            and conn.zcard(keys.finishing_key()) == 0
+        ),
         60,
-        what='the stall counted and the job running again',
-    )
-
-    # A dead letter: a poison pill with a budget of 1 takes the idle worker down.
-    pill = queue.enqueue('tests.jobs.poison_pill', log, 'p', max_stalled=1, description=HOSTILE)
-    wait_for(
-        lambda: pill.get_status(refresh=True) == JobStatus.FAILED and conn.zcard(keys.finishing_key()) == 0,
-        60,
-        what='the poison pill dead-lettered',
+        what='the stall counted, the job running again, the poison pill dead-lettered',
     )
     survivors = [w for w in workers if w.proc.poll() is None]
     assert len(survivors) == 1 and working_workers(survivors)
