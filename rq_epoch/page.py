@@ -71,6 +71,8 @@ DEFAULT_REFRESH = 10
 DEFAULT_SWEEPS_STOPPED_AFTER = 300
 #: Jobs listed per queue and kind before "... and N more".
 SHOWN_JOBS = 20
+#: Characters of a description shown in the list of a queue's jobs (the job page shows it whole).
+SHOWN_DESCRIPTION = 300
 #: Headers of every answer: no script, no framing, no caching, nothing sent to other sites.
 SECURITY_HEADERS = [
     ('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"),
@@ -104,6 +106,10 @@ def e(value: object) -> str:
 def job_link(job_id: str, base: str) -> str:
     """A relative link to a job's page; ``base`` is the way from the current page to the root."""
     return f'<a class="job" href="{e(base + "job/" + quote(job_id, safe=""))}">{e(job_id)}</a>'
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= SHOWN_DESCRIPTION else text[: SHOWN_DESCRIPTION - 1] + '\u2026'
 
 
 def duration(seconds: float) -> str:
@@ -184,7 +190,7 @@ class StatusPage:
                 pipeline.hget(keys.job_key(job_id), 'description')
             rows = pipeline.execute(raise_on_error=False)
         return {
-            job_id: optional_text(row) or ''
+            job_id: _shortened(optional_text(row) or '')
             for job_id, row in zip(ids, rows, strict=True)
             if not isinstance(row, Exception)
         }
@@ -417,6 +423,7 @@ class ExporterApp:
         self.page = page
         self.status_page = StatusPage(connection, settings)
         self.job_page = JobPage(connection, settings)
+        self._last_error = ''
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get('REQUEST_METHOD', 'GET')
@@ -446,13 +453,16 @@ class ExporterApp:
             )
             return self._html(start_response, '404 Not Found', page)
         except (redis.exceptions.RedisError, RqEpochError) as exc:
-            logger.warning('page: cannot read the server: %s: %s', type(exc).__name__, exc)
+            if type(exc).__name__ != self._last_error:  # once per kind of error, until a read succeeds
+                logger.warning('page: cannot read the server: %s: %s', type(exc).__name__, exc)
+                self._last_error = type(exc).__name__
             page = document(
                 'rq-epoch: cannot read the server',
                 f'<p id="error" class="bad">Cannot read the server: {e(type(exc).__name__)}: {e(exc)}</p>',
                 self.settings.refresh,
             )
             return self._html(start_response, '503 Service Unavailable', page)
+        self._last_error = ''
         return self._html(start_response, '200 OK', body)
 
     @staticmethod

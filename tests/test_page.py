@@ -312,3 +312,18 @@ def test_a_queue_whose_sweeps_stopped_is_red(conn: redis.Redis, web: Callable[..
     wait_for(
         lambda: 'bad' in sweep_cell(stale, 'swept').attrs['class'].split(), 10, what='the last sweep older than 1s'
     )
+
+
+def test_the_page_says_when_it_cannot_read_the_server(
+    server: EmbeddedServer, conn: redis.Redis, web: Callable[..., str]
+) -> None:
+    root = web()
+    assert get(root)[0] == 200
+    server.stop()
+    try:
+        status, _, body = get(root)
+        assert status == 503
+        assert Dom.parse(body).text_of('error').startswith('Cannot read the server: ConnectionError')
+    finally:
+        server.start()
+    wait_for(lambda: get(root)[0] == 200, 30, interval=0.2, what='the page reading the server again')
