@@ -108,6 +108,12 @@ def job_link(job_id: str, base: str) -> str:
     return f'<a class="job" href="{e(base + "job/" + quote(job_id, safe=""))}">{e(job_id)}</a>'
 
 
+def _newest_first(dead_letters: list[str]) -> list[str]:
+    """Dead letters as ``rq-epoch status`` lists them (by their place in the failed registry,
+    the oldest failure first), newest first."""
+    return dead_letters[::-1]
+
+
 def _shortened(text: str) -> str:
     return text if len(text) <= SHOWN_DESCRIPTION else text[: SHOWN_DESCRIPTION - 1] + '\u2026'
 
@@ -179,7 +185,7 @@ class StatusPage:
 
     @staticmethod
     def _listed_ids(q: dict[str, Any]) -> list[str]:
-        return [j['job_id'] for j in q['stalled_jobs'][:SHOWN_JOBS]] + list(q['dead_letters'][:SHOWN_JOBS])
+        return [j['job_id'] for j in q['stalled_jobs'][:SHOWN_JOBS]] + _newest_first(q['dead_letters'])[:SHOWN_JOBS]
 
     def _descriptions(self, job_ids: Sequence[str]) -> dict[str, str]:
         ids = list(dict.fromkeys(job_ids))
@@ -276,10 +282,10 @@ class StatusPage:
         if dead:
             rows = ''.join(
                 f'<tr><td>{job_link(job_id, "")}</td><td>{e(descriptions.get(job_id, ""))}</td></tr>'
-                for job_id in dead[:SHOWN_JOBS]
+                for job_id in _newest_first(dead)[:SHOWN_JOBS]
             )
             parts.append(
-                '<h3>Dead letters</h3><table class="dead-letters">'
+                '<h3>Dead letters (newest first)</h3><table class="dead-letters">'
                 f'<tr><th>job</th><th>description</th></tr>{rows}</table>'
             )
             parts.append(self._more(len(dead)))

@@ -327,3 +327,13 @@ def test_the_page_says_when_it_cannot_read_the_server(
     finally:
         server.start()
     wait_for(lambda: get(root)[0] == 200, 30, interval=0.2, what='the page reading the server again')
+
+
+def test_dead_letters_are_listed_latest_in_the_failed_registry_first(
+    conn: redis.Redis, web: Callable[..., str]
+) -> None:
+    # The failed registry orders by expiry: the failure time plus the job's failure TTL.
+    older = dead_letter_in(conn, 'order', failure_ttl=1000)
+    newer = dead_letter_in(conn, 'order', failure_ttl=2000)
+    [table] = Dom.parse(get(web())[2]).find('table', class_='dead-letters')
+    assert [row.cells()[0] for row in table.descendants('tr')[1:]] == [newer.id, older.id]
