@@ -28,6 +28,7 @@ from .formatting import format_job, format_primary, format_status, format_sweep
 from .job import Job
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
+from .page import DEFAULT_REFRESH, DEFAULT_SWEEPS_STOPPED_AFTER
 from .report import LeaseVerdict, SweepReport
 from .server import read_epoch
 from .settings import EpochSettings
@@ -286,24 +287,59 @@ def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[s
 @bounded_option(
     '--scan-limit', 1, 1_000_000, DEFAULT_SCAN_LIMIT, 'Entries read per queue from each list or registry in one scrape.'
 )
+@click.option(
+    '--page/--no-page',
+    default=True,
+    show_default=True,
+    help='Serve the read-only web page at / and /job/ID beside /metrics.',
+)
+@bounded_option('--refresh', 1, 3600, DEFAULT_REFRESH, 'Seconds between reloads of the page.')
+@bounded_option(
+    '--sweeps-stopped-after',
+    1,
+    10**7,
+    DEFAULT_SWEEPS_STOPPED_AFTER,
+    'The page shows a queue in red when its last sweep is older than this (seconds).',
+)
 @pass_cli_config
-def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, scan_limit: int) -> None:
-    """Serve Prometheus metrics at http://HOST:PORT/metrics (needs rq-epoch[prometheus]).
+def exporter(
+    cli_config: CliConfig,
+    host: str,
+    port: int,
+    grace: int | None,
+    scan_limit: int,
+    page: bool,
+    refresh: int,
+    sweeps_stopped_after: int,
+) -> None:
+    """Serve Prometheus metrics at http://HOST:PORT/metrics (needs rq-epoch[prometheus]), and a
+    read-only page for people at http://HOST:PORT/ (unless --no-page).
 
     Without queues, every queue in RQ's set of queues, read afresh at each scrape. A scrape costs
     a fixed number of round trips whatever the number of queues and jobs, and writes
-    nothing. Runs until SIGTERM or Ctrl-C.
+    nothing. The page reads what `rq-epoch status` reads (links lead to what `status --job`
+    shows), writes nothing and answers only GET. Runs until SIGTERM or Ctrl-C.
     """
     import signal
     import threading
 
-    from .metrics import EpochCollector, serve
+    from .metrics import EpochCollector, metrics_app
+    from .page import ExporterApp, PageSettings, WebServer
 
-    _settings(grace=grace)
+    settings = _settings(grace=grace)
     names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read RQ's set of queues at each scrape
     collector = EpochCollector(cli_config.connection, queues=names, restart_grace=grace, scan_limit=scan_limit)
+    page_settings = PageSettings(
+        refresh=refresh,
+        sweeps_stopped_after=sweeps_stopped_after,
+        epoch_settings=settings,
+        queues=tuple(names),
+        job_class=cli_config.job_class,
+        serializer=cli_config.serializer,
+    )
     try:
-        httpd, thread = serve(collector, host, port)
+        app = ExporterApp(cli_config.connection, page_settings, metrics_app(collector), page=page)
+        web = WebServer(app, host, port)
     except RqEpochError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -315,21 +351,23 @@ def exporter(cli_config: CliConfig, host: str, port: int, grace: int | None, sca
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    shown = 'http://[{}]:{}/metrics' if ':' in host else 'http://{}:{}/metrics'
+    root = ('http://[{}]:{}/' if ':' in host else 'http://{}:{}/').format(host, web.port)
     watched = ', '.join(names) if names else f'every queue in {keys.queues_key()}'
-    click.echo(f'rq-epoch exporter: serving {shown.format(host, httpd.server_port)} ({watched})')
+    click.echo(f'rq-epoch exporter: serving {root}metrics ({watched})')
+    if page:
+        click.echo(f'rq-epoch exporter: page at {root}')
     sys.stdout.flush()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter('%(levelname)s: %(message)s'))
     logger = logging.getLogger('rq_epoch')
     logger.addHandler(handler)
+    web.start()
     try:
         while not stop.wait(3600):
             pass
     finally:
         logger.removeHandler(handler)
-        httpd.shutdown()
-        thread.join(10)
+        web.stop()
 
 
 # -- demo ----------------------------------------------------------------------------------

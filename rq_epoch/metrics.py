@@ -59,6 +59,7 @@ __all__ = [
     'QueueMetrics',
     'epoch_age',
     'read_snapshot',
+    'metrics_app',
     'serve',
 ]
 
@@ -422,3 +423,18 @@ def serve(collector: EpochCollector, host: str = '127.0.0.1', port: int = DEFAUL
     registry.register(collector)  # type: ignore[arg-type]
     server, thread = start_http_server(port, addr=host, registry=registry)
     return server, thread
+
+
+def metrics_app(collector: EpochCollector) -> Any:
+    """A WSGI application that serves ``collector`` (and nothing else) in Prometheus's text format.
+
+    Raises:
+        RqEpochError: prometheus-client is not installed.
+    """
+    try:
+        from prometheus_client import CollectorRegistry, make_wsgi_app
+    except ImportError as exc:
+        raise RqEpochError(_INSTALL_HINT) from exc
+    registry: CollectorRegistry = CollectorRegistry()
+    registry.register(collector)  # type: ignore[arg-type]
+    return make_wsgi_app(registry)

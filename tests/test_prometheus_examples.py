@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +16,7 @@ from rq_epoch.metrics import DEFAULT_PORT, LEASE_STATES, SWEPT_VERDICTS
 from tests.conftest import ROOT
 from tests.leases import CURRENT, start_job
 from tests.test_metrics import ExporterProcess, get, parse
+from tests.tools import system_tool
 
 #: The examples do not depend on the server kind: one kind is enough.
 pytestmark = pytest.mark.parametrize('server', ['valkey'], indirect=True)
@@ -76,21 +74,18 @@ def test_alert_rules_cover_the_cases_and_name_only_metrics_the_exporter_serves(
                 assert set(values.split('|')) <= set(allowed), (rule['alert'], values)
 
 
-def _promtool() -> str:
-    found = os.environ.get('PROMTOOL') or shutil.which('promtool')
-    if not found or not Path(found).exists():
-        pytest.skip('promtool is not installed (Debian package prometheus; or set PROMTOOL)')
-    return found
-
-
 @pytest.mark.parametrize(
     'args',
-    [['check', 'config', 'prometheus.yml'], ['test', 'rules', 'rq-epoch-alerts.test.yml']],
-    ids=['check-config', 'test-rules'],
+    [
+        ['check', 'config', 'prometheus.yml'],
+        ['check', 'rules', 'rq-epoch-alerts.yml'],
+        ['test', 'rules', 'rq-epoch-alerts.test.yml'],
+    ],
+    ids=['check-config', 'check-rules', 'test-rules'],
 )
 def test_promtool_accepts_the_config_and_the_rules_pass_their_unit_tests(
     server: EmbeddedServer, args: list[str]
 ) -> None:
-    out = subprocess.run([_promtool(), *args], capture_output=True, text=True, cwd=HERE, timeout=60)
+    out = subprocess.run([system_tool('promtool'), *args], capture_output=True, text=True, cwd=HERE, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert 'SUCCESS' in out.stdout
