@@ -87,6 +87,20 @@ class Snapshot:
     connections: int
     clients: dict[str, int]
     calls: dict[str, tuple[int, int]]
+    client_cpu: float
+
+
+def process_cpu(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far (0 for one that is gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f'/proc/{pid}/stat').read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(')') + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf('SC_CLK_TCK')
 
 
 class Probe:
@@ -100,6 +114,8 @@ class Probe:
     def __init__(self, conn: redis.Redis) -> None:
         self.conn = conn
         self.own: Counter[str] = Counter()
+        #: The fleet's processes, whose own CPU is read beside the server's.
+        self.clients: list[int] = []
 
     def snapshot(self) -> Snapshot:
         info = self.conn.info('cpu', 'stats', 'clients', 'commandstats')
@@ -115,6 +131,7 @@ class Probe:
             connections=int(info['connected_clients']) - 1,
             clients={k: int(info[k]) for k in ('blocked_clients', 'tracking_clients', 'pubsub_clients') if k in info},
             calls=calls,
+            client_cpu=process_cpu(self.clients),
         )
         self.own['info'] += 1
         return snap
@@ -150,6 +167,7 @@ def window(a: Snapshot, b: Snapshot) -> dict[str, Any]:
         'seconds': b.at - a.at,
         'cpu': b.cpu - a.cpu,
         'commands': b.commands - a.commands,
+        'clients_cpu_percent': round((b.client_cpu - a.client_cpu) * 100.0 / (b.at - a.at), 1),
         'busiest': {n: {'calls': c, 'usec': u} for n, c, u in busiest},
     }
 
@@ -187,6 +205,10 @@ def measure(probe: Probe, queues: Sequence[Queue], sizes: dict[str, Any]) -> dic
         'cpu_ms_per_job': round((busy['cpu'] - cpu_rate * busy['seconds']) * 1000.0 / n, 3),
         'commands_per_job': round((busy['commands'] - commands_rate * busy['seconds']) / n, 1),
         'pickup': stats_ms(latencies_ms(probe.conn, ids)),
+        # The fleet's own processes, % of one core: on this machine's two cores, near 100 % or more
+        # means the clients, not the server, set the pace.
+        'clients_cpu_percent_idle': idle['clients_cpu_percent'],
+        'clients_cpu_percent_jobs': busy['clients_cpu_percent'],
         'idle_busiest': idle['busiest'],
         'jobs_busiest': busy['busiest'],
         'load_average': round(os.getloadavg()[0], 2),
@@ -232,6 +254,7 @@ def real_fleet(kind: str, side: str, workers: int, n_queues: int, sizes: dict[st
                 procs += [start_worker(srv.url, side, log, names) for _ in range(min(BATCH, workers - first))]
                 wait_registered(probe.conn, len(procs), timeout=120.0)
             wait_idle(probe.conn, workers, timeout=120.0)
+            probe.clients = [proc.pid for proc in procs]
             figures = measure(probe, [Queue(name, connection=probe.conn) for name in names], sizes)
         finally:
             stop_workers(procs)
@@ -285,18 +308,23 @@ def simulated_fleet(kind: str, side: str, waiters: int, n_queues: int, sizes: di
                 proc.start()
             ready, deadline = 0, time.monotonic() + 300.0
             while ready < waiters:
+                if time.monotonic() > deadline or any(proc.exitcode is not None for proc in procs):
+                    raise RuntimeError(f'{side}: {ready} of {waiters} simulated waiters started (in 300 s at most)')
                 try:
-                    what, text = reports.get(timeout=max(0.1, deadline - time.monotonic()))
+                    what, text = reports.get(timeout=1.0)
                 except queue.Empty:
-                    raise RuntimeError(f'{side}: {ready} of {waiters} simulated waiters started in 300 s') from None
+                    continue
                 if what == 'error':
                     raise RuntimeError(f'{side}: a simulated waiter failed: {text}')
                 ready += 1
             wait_idle(probe.conn, waiters, timeout=120.0)
+            probe.clients = [proc.pid for proc in procs if proc.pid is not None]
             figures = measure(probe, [Queue(name, connection=probe.conn) for name in names], sizes)
         finally:
             stop.set()
             for proc in procs:
+                if proc.pid is None:  # never started
+                    continue
                 proc.join(10)
                 if proc.is_alive():
                     proc.kill()
@@ -326,6 +354,9 @@ def compare(stock: dict[str, Any], epoch: dict[str, Any]) -> dict[str, Any]:
     """One cell: both sides' figures and the ratios rq-epoch / stock."""
     out: dict[str, Any] = {'workers': stock['workers'], 'queues': stock['queues'], STOCK: stock, EPOCH: epoch}
     out['ratio'] = {f: ratio(epoch[f], stock[f]) for f in FIGURES}
+    for f in ('cpu_ms_per_job', 'commands_per_job'):
+        if min(epoch[f], stock[f]) <= 0:  # less than the idle rate: the clients could not keep up, no figure
+            out['ratio'][f] = None
     out['ratio']['pickup_p50'] = ratio(epoch['pickup']['p50_ms'], stock['pickup']['p50_ms'])
     out['ratio']['pickup_p99'] = ratio(epoch['pickup']['p99_ms'], stock['pickup']['p99_ms'])
     return out

@@ -346,6 +346,16 @@ def fleet_section(doc: dict[str, Any]) -> str:
         f'\n\nIdle window {sizes["idle"]:g} s; {sizes["jobs"]} no-op jobs at {sizes["rate"]:g}/s '
         f'({sim["jobs"]} at {sim["rate"]:g}/s for the simulated fleet), costs above the idle rate.'
     )
+    for cell in doc['simulated']:
+        busy = {
+            side: f'{cell[side]["clients_cpu_percent_idle"]:g} / {cell[side]["clients_cpu_percent_jobs"]:g}'
+            for side in (STOCK, EPOCH)
+        }
+        out += (
+            f"\n\nThe simulated fleet's own processes used {busy[STOCK]} % of one core (idle / jobs) for stock, "
+            f'{busy[EPOCH]} % for rq-epoch; a figure per job at or below zero means the clients, '
+            'not the server, set the pace (their periodic work slowed while jobs ran).'
+        )
     if doc['growth']:
         grown = [
             [
