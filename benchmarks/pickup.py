@@ -405,7 +405,7 @@ def summary(runs: list[dict[str, Any]], unit: dict[str, float]) -> dict[str, Any
         mine = [r for r in runs if r['side'] == side]
         if not mine:
             continue
-        counts = Counter()
+        counts: Counter[str] = Counter()
         for r in mine:
             counts.update(r['idle']['wait_commands'])
         idle_seconds = sum(r['idle']['seconds'] for r in mine)

@@ -314,6 +314,10 @@ def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> st
         s, e = stock['pickup'][f'{figure[7:]}_ms'], epoch['pickup'][f'{figure[7:]}_ms']
     else:
         s, e = stock[figure], epoch[figure]
+    if 'commands' in figure:
+        s, e = round(s), round(e)
+    if figure.endswith('_per_job') and e <= 0:  # below the idle rate: see the note on the clients' CPU
+        return f'{_fmt(s)} → not measurable'
     r = cell['ratio'].get(ratio_key or figure)
     return f'{_fmt(s)} → {_fmt(e)}' + (f' ({r:g}×)' if r is not None else '')
 
