@@ -66,7 +66,7 @@ NAME = 'fleet'
 BATCH = 20
 #: Simulated waiters per process.
 PER_PROCESS = 250
-#: rq-epoch's default sweep interval: the window and the settling time are whole multiples of it.
+#: rq-epoch's default sweep interval: both windows last whole multiples of it, and the fleet settles one first.
 SWEEP_INTERVAL = 5.0
 
 
