@@ -7,6 +7,7 @@ import time
 
 from . import (
     call_cost,
+    fleet,
     heartbeat,
     memory,
     pickup,
@@ -17,7 +18,17 @@ from . import (
     worker_throughput,
 )
 
-MODULES = (sweep_vs_cleanup, sweep_anatomy, call_cost, sweep_latency, worker_throughput, heartbeat, memory, pickup)
+MODULES = (
+    sweep_vs_cleanup,
+    sweep_anatomy,
+    call_cost,
+    sweep_latency,
+    worker_throughput,
+    heartbeat,
+    memory,
+    pickup,
+    fleet,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -83,13 +84,13 @@ WORKER_CLASSES = {
 # -- workers and the server's timing of their commands --------------------------------------
 
 
-def start_worker(url: str, side: str, log: Path) -> subprocess.Popen[bytes]:
-    """A real ``rq worker`` of ``side`` on the three queues (not burst)."""
+def start_worker(url: str, side: str, log: Path, queues: Sequence[str] = QUEUES) -> subprocess.Popen[bytes]:
+    """A real ``rq worker`` of ``side`` on ``queues`` (by default the three queues; not burst)."""
     argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', url]
     worker_class = WORKER_CLASSES[side]
     if worker_class:
         argv += ['--worker-class', worker_class]
-    argv += list(QUEUES)
+    argv += list(queues)
     with open(log, 'ab') as fh:
         return subprocess.Popen(argv, cwd=ROOT, env=worker_env(), stdout=fh, stderr=subprocess.STDOUT)
 
@@ -109,7 +110,10 @@ def wait_idle(conn: redis.Redis, workers: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         registered = conn.smembers(keys.workers_key())
-        states = [conn.hget(key, 'state') for key in registered]
+        with conn.pipeline(transaction=False) as pipe:
+            for key in registered:
+                pipe.hget(key, 'state')
+            states = pipe.execute()
         if len(registered) >= workers and all(state == b'idle' for state in states):
             time.sleep(1.0)
             return
@@ -401,7 +405,7 @@ def summary(runs: list[dict[str, Any]], unit: dict[str, float]) -> dict[str, Any
         mine = [r for r in runs if r['side'] == side]
         if not mine:
             continue
-        counts = Counter()
+        counts: Counter[str] = Counter()
         for r in mine:
             counts.update(r['idle']['wait_commands'])
         idle_seconds = sum(r['idle']['seconds'] for r in mine)

@@ -307,6 +307,79 @@ def pickup_section(doc: dict[str, Any]) -> str:
     return out
 
 
+def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> str:
+    """``stock → rq-epoch (ratio×)`` of one figure of a fleet cell."""
+    stock, epoch = cell[STOCK], cell[EPOCH]
+    if figure.startswith('pickup_'):
+        s, e = stock['pickup'][f'{figure[7:]}_ms'], epoch['pickup'][f'{figure[7:]}_ms']
+    else:
+        s, e = stock[figure], epoch[figure]
+    if 'commands' in figure:
+        s, e = round(s), round(e)
+    if figure.endswith('_per_job') and e <= 0:  # below the idle rate: see the note on the clients' CPU
+        return f'{_fmt(s)} → not measurable'
+    r = cell['ratio'].get(ratio_key or figure)
+    return f'{_fmt(s)} → {_fmt(e)}' + (f' ({r:g}×)' if r is not None else '')
+
+
+def fleet_section(doc: dict[str, Any]) -> str:
+    """Question 6: the fleet's cost, stock → rq-epoch per cell, growth with W, the targets."""
+    headers = [
+        'workers × queues',
+        'idle server CPU ms/s',
+        'idle commands/s',
+        'connections',
+        'server CPU per job ms',
+        'commands per job',
+        'pickup p50 ms',
+        'pickup p99 ms',
+    ]
+    rows = []
+    for cell in doc['cells'] + doc['simulated']:
+        label = f'{cell["workers"]:,} × {cell["queues"]}'
+        if cell[STOCK].get('simulated'):
+            label = f'{cell["workers"]:,} simulated × {cell["queues"]}'
+        rows.append(
+            [label]
+            + [_pair(cell, f) for f in ('idle_cpu_ms_per_second', 'idle_commands_per_second', 'connections')]
+            + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'pickup_p50', 'pickup_p99')]
+        )
+    out = '### 6. A fleet of workers: idle cost and cost per job (stock → rq-epoch)\n\n' + md_table(headers, rows)
+    sizes, sim = doc['sizes'], doc['simulated_sizes']
+    out += (
+        f'\n\nIdle window {sizes["idle"]:g} s; {sizes["jobs"]} no-op jobs at {sizes["rate"]:g}/s '
+        f'({sim["jobs"]} at {sim["rate"]:g}/s for the simulated fleet), costs above the idle rate.'
+    )
+    for cell in doc['simulated']:
+        busy = {
+            side: f'{cell[side]["clients_cpu_percent_idle"]:g} / {cell[side]["clients_cpu_percent_jobs"]:g}'
+            for side in (STOCK, EPOCH)
+        }
+        out += (
+            f"\n\nThe simulated fleet's own processes used {busy[STOCK]} % of one core (idle / jobs) for stock, "
+            f'{busy[EPOCH]} % for rq-epoch; a figure per job at or below zero means the clients, '
+            'not the server, set the pace (their periodic work slowed while jobs ran).'
+        )
+    if doc['growth']:
+        grown = [
+            [
+                f'{g["from_workers"]} → {g["to_workers"]} × {g["queues"]}',
+                g['side'],
+                g['cpu_per_job'],
+                g['commands_per_job'],
+            ]
+            for g in doc['growth']
+        ]
+        out += '\n\n' + md_table(['per-job cost, workers', 'side', 'server CPU ×', 'commands ×'], grown)
+    if doc['targets']:
+        lines = [
+            f'- {t["what"]}: {_fmt(t["value"])} ({_target(t["met"], "≤" + format(t["limit"], "g"))})'
+            for t in doc['targets']
+        ]
+        out += '\n\n' + '\n'.join(lines)
+    return out
+
+
 def markdown(results: Path = RESULTS_DIR) -> str:
     """Every section whose results exist, with the environment of the run."""
     parts = []
@@ -318,6 +391,7 @@ def markdown(results: Path = RESULTS_DIR) -> str:
         ('heartbeat', heartbeat_section),
         ('memory', memory_section),
         ('pickup', pickup_section),
+        ('fleet', fleet_section),
     )
     for name, render in loaders:
         doc = _load(results, name)

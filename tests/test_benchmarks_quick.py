@@ -36,6 +36,7 @@ BENCHMARKS = {
     'memory': ('rows',),
     'detection': ('runs', 'summary'),
     'pickup': ('runs', 'fleet', 'wait_alone', 'summary'),
+    'fleet': ('cells', 'simulated', 'growth', 'targets'),
 }
 
 
@@ -287,8 +288,25 @@ def test_report_renders_every_section(results_dir: Path) -> None:
         '### 3. Worker throughput',
         '### 4. Server memory per running job',
         '### 5. Picking up jobs on several queues',
+        '### 6. A fleet of workers',
     ):
         assert heading in text
+
+
+def test_fleet_benchmark_measures_both_sides_of_every_fleet(results_dir: Path) -> None:
+    """Each side's fleet registered, idled and ran every paced job; the simulated fleet too."""
+    path = results_dir / 'fleet.json'
+    doc = json.loads(path.read_text(encoding='utf-8')) if path.exists() else run_quick('fleet', path)
+    assert [(c['workers'], c['queues']) for c in doc['cells']] == [(3, 2)]
+    assert [(c['workers'], c['queues']) for c in doc['simulated']] == [(20, 2)]
+    for cell in doc['cells'] + doc['simulated']:
+        for side in ('stock', 'rq-epoch'):
+            run = cell[side]
+            assert run['ok'] and run['side'] == side
+            assert run['pickup']['n'] == run['jobs'] > 0  # every job started, and its latency was read
+            assert run['connections'] >= cell['workers']  # the benchmark's own connection left out
+            assert run['jobs_busiest']  # the server ran the fleet's commands
+        assert cell['stock']['clients']['blocked_clients'] == cell['workers']  # stock waits in BLPOP
 
 
 def test_bulk_fixture_matches_real_workers_killed_mid_job() -> None:
