@@ -22,18 +22,19 @@ from rq.logutils import setup_loghandlers
 from rq.utils import now
 from rq.worker_registration import clean_worker_registry
 
-from . import compat, scripts
+from . import compat, keys, scripts
 from .errors import RqEpochError
-from .failover import PrimaryWatch
+from .failover import PrimaryWatch, is_outage
 from .heartbeats import Heartbeats
 from .job import Job
 from .jobclass import resolve_job_class
 from .outcomes import CONNECTION_ERRORS, FencedOutcomes
 from .report import SweepReport
-from .server import read_epoch
+from .server import ServerEpoch, read_epoch
 from .settings import EpochSettings
 from .sweep import Sweeper
 from .take import Taker
+from .tickets import take_tickets
 
 if TYPE_CHECKING:
     from redis.client import Pipeline, PubSub, PubSubWorkerThread
@@ -70,6 +71,7 @@ class Worker(Heartbeats):
         sweep_interval: int | None = None,
         restart_grace: int | None = None,
         batch_size: int | None = None,
+        startup_wait: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.epoch_settings = EpochSettings.resolve(
@@ -79,6 +81,7 @@ class Worker(Heartbeats):
             sweep_interval=sweep_interval,
             restart_grace=restart_grace,
             batch_size=batch_size,
+            startup_wait=startup_wait,
         )
         kwargs['job_class'] = resolve_job_class(type(self), kwargs.get('job_class'))
         super().__init__(queues, *args, **kwargs)
@@ -114,6 +117,9 @@ class Worker(Heartbeats):
     ) -> None:
         """Check that the server yields an epoch, load the scripts, then start as RQ does.
 
+        A server that is down, loading, read-only or refusing writes (too few replicas) is
+        waited for, up to ``startup_wait`` seconds (see :meth:`wait_for_server`).
+
         rq-epoch's own log lines (logger ``rq_epoch``: verdicts of the worker's sweeps,
         skipped callbacks) get the same handler and format as RQ's worker lines.
 
@@ -121,8 +127,7 @@ class Worker(Heartbeats):
             EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
         """
         self.log_settings = (logging_level, date_format, log_format)
-        current = read_epoch(self.connection)
-        scripts.load_all(self.connection)
+        current = self.wait_for_server()
         self._known_run_id = current.run_id
         self.primary_watch = self.watch_primary(current.run_id)
         super().bootstrap(logging_level, date_format, log_format)
@@ -139,6 +144,56 @@ class Worker(Heartbeats):
             s.max_stalled,
             s.grace,
         )
+
+    def wait_for_server(self) -> ServerEpoch:
+        """Read the epoch, load the scripts and check that the server takes writes; wait while it cannot.
+
+        A worker started during an outage (a deploy during a failover, a server restarting)
+        would otherwise exit at once and its supervisor would restart it into a backoff. It
+        logs one line when it starts waiting and one when the server is back, and retries
+        with a growing pause (at most 5 s) for up to ``startup_wait`` seconds; then the last
+        error is raised as before. Whether the server takes writes is asked with a ``DEL``
+        of a key nobody writes (:func:`rq_epoch.keys.startup_probe_key`): a server refuses a
+        write command for all those reasons before it looks at the key.
+
+        Raises:
+            EpochUnavailableError: INFO is refused or has no valid run_id (not waited for).
+            redis.exceptions.ConnectionError: still no server after ``startup_wait`` seconds.
+        """
+        limit = self.epoch_settings.startup_wait
+        started = time.monotonic()
+        pause = 0.5
+        waiting = False
+        for _ in range(1_000_000):  # each turn tries once, then pauses (the time bound ends it)
+            try:
+                current = read_epoch(self.connection)
+                scripts.load_all(self.connection)
+                self.connection.delete(keys.startup_probe_key())
+            except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
+                if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
+                    raise
+                waited = time.monotonic() - started
+                if waited >= limit:
+                    if waiting:
+                        self.log.error('Worker %s: the server did not come back within %ss: %s', self.name, limit, exc)
+                    raise
+                if not waiting:
+                    waiting = True
+                    self.log.warning(
+                        'Worker %s: the server cannot serve this worker yet (%s); waiting for it, up to %ss',
+                        self.name,
+                        exc,
+                        limit,
+                    )
+                time.sleep(min(pause, limit - waited))
+                pause = min(5.0, pause * 2)
+                continue
+            if waiting:
+                self.log.warning(
+                    'Worker %s: the server is back after %.1fs; starting', self.name, time.monotonic() - started
+                )
+            return current
+        raise redis.exceptions.ConnectionError('the server did not come back')
 
     def watch_primary(self, run_id: str) -> PrimaryWatch:
         """Install the :class:`~rq_epoch.failover.PrimaryWatch` on this worker's connection.
@@ -219,6 +274,12 @@ class Worker(Heartbeats):
         self.pubsub.unsubscribe()
         thread.join(timeout=1)
         self.pubsub.close()
+
+    def teardown(self) -> None:
+        """RQ's teardown; first the watch of the queues is handed on to another idle worker."""
+        if not self._is_horse and self._taker is not None:
+            self._taker.close()
+        super().teardown()
 
     def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
@@ -313,7 +374,9 @@ class Worker(Heartbeats):
     def taker(self) -> Taker:
         """This worker's :class:`~rq_epoch.take.Taker` (made at the first dequeue)."""
         if self._taker is None:
-            self._taker = self.taker_class(self.connection, log=self.log)
+            self._taker = self.taker_class(
+                self.connection, log=self.log, name=self.name, watch_ttl=self.epoch_settings.sweep_interval
+            )
         return self._taker
 
     def dequeue_job_and_maintain_ttl(
@@ -397,8 +460,23 @@ class Worker(Heartbeats):
             self.sweep()
 
     def sweep(self) -> SweepReport | None:
-        """Run the epoch-aware sweep over this worker's queues; never raises."""
+        """Run the epoch-aware sweep over the queues of this worker whose ticket it wins; never raises.
+
+        The ticket (:mod:`rq_epoch.tickets`) goes to the first worker that asks for a queue
+        once an interval has passed since its last one, so the fleet sweeps each queue about
+        once per sweep interval. Returns None when no queue was won (or nothing could be done).
+        """
         self._last_sweep = time.monotonic()
+        try:
+            tickets = take_tickets(self.connection, self.queue_names(), self.epoch_settings.sweep_interval)
+        except CONNECTION_ERRORS as exc:
+            self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
+            return None
+        except RqEpochError as exc:
+            self.log.error('Worker %s: sweep skipped: %s', self.name, exc)
+            return None
+        if not tickets.granted:
+            return None
         sweeper = Sweeper(
             self.connection,
             settings=self.epoch_settings,
@@ -408,7 +486,7 @@ class Worker(Heartbeats):
             death_penalty_class=self.death_penalty_class,
         )
         try:
-            report = sweeper.sweep(self.queue_names())
+            report = sweeper.sweep(tickets.granted)
         except CONNECTION_ERRORS as exc:
             self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
             return None
