@@ -62,6 +62,7 @@ __all__ = ['Taker', 'TakerCounters', 'TrackingRefused', 'Waker']
 
 logger = logging.getLogger('rq_epoch')
 
+
 def _dedicated_connection(pool: ConnectionPool) -> AbstractConnection:
     """A connection outside the pool, made as the pool makes its own, speaking RESP3.
 

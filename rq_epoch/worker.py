@@ -8,12 +8,14 @@ start-up, following the primary, riding out outages, taking jobs and sweeping.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -40,7 +42,54 @@ if TYPE_CHECKING:
     from redis.client import Pipeline, PubSub, PubSubWorkerThread
     from rq.queue import Queue as RQQueue
 
-__all__ = ['Worker']
+__all__ = ['Worker', 'wait_for_server']
+
+
+_T = TypeVar('_T')
+
+
+def wait_for_server(
+    attempt: Callable[[], _T], *, limit: float, log: logging.Logger | logging.LoggerAdapter[Any], name: str
+) -> _T:
+    """``attempt()``, retried while the server is down or answers that it cannot serve now.
+
+    A worker started during an outage (a deploy during a failover, a server restarting)
+    would otherwise exit at once, and its supervisor would restart it into a backoff. The
+    wait logs one line when it starts and one when the server is back, retries with a
+    growing pause (at most 5 s) for up to ``limit`` seconds, then raises the last error.
+    "Cannot serve now" is a connection error or an answer of
+    :data:`rq_epoch.failover.OUTAGE_CODES` (loading, read-only, too few replicas, primary
+    lost); any other error is raised at once.
+    """
+    started = time.monotonic()
+    pause = 0.5
+    waiting = False
+    for _ in range(1_000_000):  # each turn tries once, then pauses (the time limit ends it)
+        try:
+            result = attempt()
+        except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
+            if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
+                raise
+            waited = time.monotonic() - started
+            if waited >= limit:
+                if waiting:
+                    log.error('Worker %s: the server did not come back within %ss: %s', name, limit, exc)
+                raise
+            if not waiting:
+                waiting = True
+                log.warning(
+                    'Worker %s: the server cannot serve this worker yet (%s); waiting for it, up to %ss',
+                    name,
+                    exc,
+                    limit,
+                )
+            time.sleep(min(pause, limit - waited))
+            pause = min(5.0, pause * 2)
+            continue
+        if waiting:
+            log.warning('Worker %s: the server is back after %.1fs; starting', name, time.monotonic() - started)
+        return result
+    raise redis.exceptions.ConnectionError('the server did not come back')
 
 
 class Worker(Heartbeats):
@@ -84,6 +133,15 @@ class Worker(Heartbeats):
             startup_wait=startup_wait,
         )
         kwargs['job_class'] = resolve_job_class(type(self), kwargs.get('job_class'))
+        connection = kwargs.get('connection')
+        if connection is not None and kwargs.get('prepare_for_work', True):
+            # RQ's worker names its connection (CLIENT SETNAME) as it is made: wait for a server.
+            wait_for_server(
+                connection.ping,
+                limit=self.epoch_settings.startup_wait,
+                log=logging.getLogger('rq.worker'),
+                name=str(kwargs.get('name') or '(starting)'),
+            )
         super().__init__(queues, *args, **kwargs)
         if (
             heartbeat_interval is None
@@ -127,6 +185,7 @@ class Worker(Heartbeats):
             EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
         """
         self.log_settings = (logging_level, date_format, log_format)
+        setup_loghandlers(logging_level, date_format, log_format, name='rq.worker')  # as RQ's bootstrap does first
         current = self.wait_for_server()
         self._known_run_id = current.run_id
         self.primary_watch = self.watch_primary(current.run_id)
@@ -148,52 +207,23 @@ class Worker(Heartbeats):
     def wait_for_server(self) -> ServerEpoch:
         """Read the epoch, load the scripts and check that the server takes writes; wait while it cannot.
 
-        A worker started during an outage (a deploy during a failover, a server restarting)
-        would otherwise exit at once and its supervisor would restart it into a backoff. It
-        logs one line when it starts waiting and one when the server is back, and retries
-        with a growing pause (at most 5 s) for up to ``startup_wait`` seconds; then the last
-        error is raised as before. Whether the server takes writes is asked with a ``DEL``
-        of a key nobody writes (:func:`rq_epoch.keys.startup_probe_key`): a server refuses a
-        write command for all those reasons before it looks at the key.
+        Whether the server takes writes is asked with a ``DEL`` of a key nobody writes
+        (:func:`rq_epoch.keys.startup_probe_key`): a server refuses a write command when it
+        is a replica, loading, or a primary short of replicas, before it looks at the key.
+        See :func:`wait_for_server` for the wait.
 
         Raises:
             EpochUnavailableError: INFO is refused or has no valid run_id (not waited for).
             redis.exceptions.ConnectionError: still no server after ``startup_wait`` seconds.
         """
-        limit = self.epoch_settings.startup_wait
-        started = time.monotonic()
-        pause = 0.5
-        waiting = False
-        for _ in range(1_000_000):  # each turn tries once, then pauses (the time bound ends it)
-            try:
-                current = read_epoch(self.connection)
-                scripts.load_all(self.connection)
-                self.connection.delete(keys.startup_probe_key())
-            except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
-                if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
-                    raise
-                waited = time.monotonic() - started
-                if waited >= limit:
-                    if waiting:
-                        self.log.error('Worker %s: the server did not come back within %ss: %s', self.name, limit, exc)
-                    raise
-                if not waiting:
-                    waiting = True
-                    self.log.warning(
-                        'Worker %s: the server cannot serve this worker yet (%s); waiting for it, up to %ss',
-                        self.name,
-                        exc,
-                        limit,
-                    )
-                time.sleep(min(pause, limit - waited))
-                pause = min(5.0, pause * 2)
-                continue
-            if waiting:
-                self.log.warning(
-                    'Worker %s: the server is back after %.1fs; starting', self.name, time.monotonic() - started
-                )
+
+        def ready() -> ServerEpoch:
+            current = read_epoch(self.connection)
+            scripts.load_all(self.connection)
+            self.connection.delete(keys.startup_probe_key())
             return current
-        raise redis.exceptions.ConnectionError('the server did not come back')
+
+        return wait_for_server(ready, limit=self.epoch_settings.startup_wait, log=self.log, name=self.name)
 
     def watch_primary(self, run_id: str) -> PrimaryWatch:
         """Install the :class:`~rq_epoch.failover.PrimaryWatch` on this worker's connection.
