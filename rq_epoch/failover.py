@@ -7,9 +7,10 @@ covered (RQ's own commands included):
 * **Outage answers are connection errors.** ``NOREPLICAS``, ``READONLY``, ``LOADING``,
   ``MASTERDOWN``, ``TRYAGAIN`` and ``UNBLOCKED`` mean "this server cannot take writes now" (a
   primary that lost its replicas under ``min-replicas-to-write``, a demoted primary, a server
-  loading its data, a blocking pop ended by a demotion). They are raised as :class:`~rq_epoch.errors.ServerOutageError`, a redis-py
-  ``ConnectionError``, so the worker rides them out as it rides out a server that does not
-  answer, and never quits or drops an outcome because of them.
+  loading its data, a blocking pop ended by a demotion). They are raised as
+  :class:`~rq_epoch.errors.ServerOutageError`, a redis-py ``ConnectionError``, so the worker
+  rides them out as it rides out a server that does not answer, and never quits or drops an
+  outcome because of them.
 * **A command does not hang on a frozen server.** In the worker process, a command that is
   not a blocking one (``BLMOVE``...) gets ``command_timeout`` seconds to answer rather than
   RQ's long socket timeout, so a primary that stopped answering is noticed within a

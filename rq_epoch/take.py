@@ -252,7 +252,7 @@ class Taker:
 
         Raises:
             redis.exceptions.ConnectionError: also when the server answers that it takes no
-                writes for now (READONLY, NOREPLICAS, MASTERDOWN, LOADING): an outage.
+                writes for now (:data:`rq_epoch.failover.OUTAGE_CODES`): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
         try:
@@ -439,7 +439,7 @@ class Taker:
             if self._watching is not None and self._watching != set_id:
                 self._hand_on()  # the worker's queues changed
             if self._watching == set_id:
-                watching = self._watch_script('claim', set_id, ttl_ms) == 1
+                watching = self._watch_script('claim', set_id, ttl_ms)
             else:  # a plain SET NX: the common case of a taker that finds the watch taken
                 watching = bool(self.connection.set(keys.watch_key(set_id), self.name, nx=True, px=ttl_ms))
         except redis.exceptions.ResponseError as exc:
@@ -454,9 +454,10 @@ class Taker:
         self._claimed_at = now
         return True
 
-    def _watch_script(self, action: str, set_id: str, ttl_ms: int) -> int:
+    def _watch_script(self, action: str, set_id: str, ttl_ms: int) -> bool:
+        """Call ``watch.lua``; its reply is whether this taker holds (claim) or held (pass) the watch."""
         script_keys = [keys.watch_key(set_id), keys.baton_key(set_id)]
-        return int(scripts.watch()(self.connection, script_keys, [action, self.name, ttl_ms]))
+        return int(scripts.watch()(self.connection, script_keys, [action, self.name, ttl_ms])) == 1
 
     def _wait_for_baton(self, set_id: str, seconds: float) -> bool:
         """Block on the baton list up to ``seconds`` (``BLPOP`` on the main connection); True when
