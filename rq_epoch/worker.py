@@ -42,13 +42,13 @@ if TYPE_CHECKING:
     from redis.client import Pipeline, PubSub, PubSubWorkerThread
     from rq.queue import Queue as RQQueue
 
-__all__ = ['Worker', 'wait_for_server']
+__all__ = ['Worker', 'wait_while_unavailable']
 
 
 _T = TypeVar('_T')
 
 
-def wait_for_server(
+def wait_while_unavailable(
     attempt: Callable[[], _T], *, limit: float, log: logging.Logger | logging.LoggerAdapter[Any], name: str
 ) -> _T:
     """``attempt()``, retried while the server is down or answers that it cannot serve now.
@@ -136,7 +136,7 @@ class Worker(Heartbeats):
         connection = kwargs.get('connection')
         if connection is not None and kwargs.get('prepare_for_work', True):
             # RQ's worker names its connection (CLIENT SETNAME) as it is made: wait for a server.
-            wait_for_server(
+            wait_while_unavailable(
                 connection.ping,
                 limit=self.epoch_settings.startup_wait,
                 log=logging.getLogger('rq.worker'),
@@ -210,7 +210,7 @@ class Worker(Heartbeats):
         Whether the server takes writes is asked with a ``DEL`` of a key nobody writes
         (:func:`rq_epoch.keys.startup_probe_key`): a server refuses a write command when it
         is a replica, loading, or a primary short of replicas, before it looks at the key.
-        See :func:`wait_for_server` for the wait.
+        See :func:`wait_while_unavailable` for the wait.
 
         Raises:
             EpochUnavailableError: INFO is refused or has no valid run_id (not waited for).
@@ -223,7 +223,7 @@ class Worker(Heartbeats):
             self.connection.delete(keys.startup_probe_key())
             return current
 
-        return wait_for_server(ready, limit=self.epoch_settings.startup_wait, log=self.log, name=self.name)
+        return wait_while_unavailable(ready, limit=self.epoch_settings.startup_wait, log=self.log, name=self.name)
 
     def watch_primary(self, run_id: str) -> PrimaryWatch:
         """Install the :class:`~rq_epoch.failover.PrimaryWatch` on this worker's connection.
