@@ -104,10 +104,11 @@ def taken_field(execution_id: str) -> str:
 COMMITTED_RECORD_TTL = 86400
 
 
-def queue_set_id(queue_names: Iterable[str]) -> str:
+def queue_set_id(queue_keys: Iterable[str]) -> str:
     """The identity of a set of queues, whatever their order: 16 hex digits of the SHA-1 of
-    the sorted names, one per line. Workers on the same queues share it (and so share a watcher)."""
-    joined = '\n'.join(sorted(set(queue_names)))
+    their keys (:func:`queue_key`), sorted, one per line. Workers on the same queues share it
+    (and so share a watcher)."""
+    joined = '\n'.join(sorted(set(queue_keys)))
     return hashlib.sha1(joined.encode('utf-8')).hexdigest()[:16]
 
 
