@@ -464,7 +464,8 @@ class Taker:
         a token came."""
         timeout = max(0.01, round(seconds, 2))  # 0 would wait forever
         try:
-            return self.connection.blpop([keys.baton_key(set_id)], timeout=timeout) is not None
+            # (redis-py's blpop() is typed for whole seconds before 6.0; the server takes decimals)
+            return self.connection.execute_command('BLPOP', keys.baton_key(set_id), timeout) is not None
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
