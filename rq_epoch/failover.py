@@ -5,11 +5,12 @@ all at the connection pool, so that every connection the worker and its work-hor
 covered (RQ's own commands included):
 
 * **Outage answers are connection errors.** ``NOREPLICAS``, ``READONLY``, ``LOADING``,
-  ``MASTERDOWN`` and ``TRYAGAIN`` mean "this server cannot take writes now" (a primary that
-  lost its replicas under ``min-replicas-to-write``, a demoted primary, a server loading its
-  data). They are raised as :class:`~rq_epoch.errors.ServerOutageError`, a redis-py
-  ``ConnectionError``, so the worker rides them out as it rides out a server that does not
-  answer, and never quits or drops an outcome because of them.
+  ``MASTERDOWN``, ``TRYAGAIN`` and ``UNBLOCKED`` mean "this server cannot take writes now" (a
+  primary that lost its replicas under ``min-replicas-to-write``, a demoted primary, a server
+  loading its data, a blocking pop ended by a demotion). They are raised as
+  :class:`~rq_epoch.errors.ServerOutageError`, a redis-py ``ConnectionError``, so the worker
+  rides them out as it rides out a server that does not answer, and never quits or drops an
+  outcome because of them.
 * **A command does not hang on a frozen server.** In the worker process, a command that is
   not a blocking one (``BLMOVE``...) gets ``command_timeout`` seconds to answer rather than
   RQ's long socket timeout, so a primary that stopped answering is noticed within a
@@ -51,8 +52,10 @@ if TYPE_CHECKING:
 
 __all__ = ['BLOCKING_COMMANDS', 'OUTAGE_CODES', 'PrimaryWatch', 'is_outage', 'is_sentinel_managed']
 
-#: Error codes that mean "this server cannot take writes now": ride them out.
-OUTAGE_CODES = ('NOREPLICAS', 'READONLY', 'LOADING', 'MASTERDOWN', 'TRYAGAIN')
+#: Error codes that mean "this server cannot take writes now": ride them out. The one list
+#: of them (the take, the idle wait and the worker's start-up wait use it too). UNBLOCKED
+#: ends a blocking pop when the primary becomes a replica.
+OUTAGE_CODES = ('NOREPLICAS', 'READONLY', 'LOADING', 'MASTERDOWN', 'TRYAGAIN', 'UNBLOCKED')
 _OUTAGE_RE = re.compile(r'(?:^|[\s:(-])(' + '|'.join(OUTAGE_CODES) + r')\b')
 _OUTAGE_CLASSES: tuple[type[BaseException], ...] = tuple(
     cls

@@ -11,6 +11,7 @@ Most names are a family, ``<prefix>:<word>:<name>[<suffix>]``: ``job_key(job_id)
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,11 +39,16 @@ __all__ = [
     'queue_key',
     'queue_name_of',
     'queue_names',
+    'queue_set_id',
     'queues_key',
     'registry_key',
     'results_key',
+    'startup_probe_key',
     'stats_key',
     'taken_field',
+    'tickets_key',
+    'watch_key',
+    'baton_key',
     'wip_key',
     'worker_executions_key',
     'worker_key',
@@ -96,6 +102,35 @@ def taken_field(execution_id: str) -> str:
 #: Seconds the record of an unleased execution's commit is kept: longer than any worker
 #: retries an outcome after a connection error.
 COMMITTED_RECORD_TTL = 86400
+
+
+def queue_set_id(queue_keys: Iterable[str]) -> str:
+    """The identity of a set of queues, whatever their order: 16 hex digits of the SHA-1 of
+    their keys (:func:`queue_key`), sorted, one per line. Workers on the same queues share it
+    (and so share a watcher)."""
+    joined = '\n'.join(sorted(set(queue_keys)))
+    return hashlib.sha1(joined.encode('utf-8')).hexdigest()[:16]
+
+
+#: String naming the worker that watches a set of queues for the others (its token), with a
+#: TTL its holder refreshes while it waits (``watch.lua``). Named by :func:`queue_set_id`.
+watch_key = KeyFamily('epoch:watch')
+#: List holding at most one token: the watch handed on to the next idle worker of a set of
+#: queues, which waits for it with ``BLPOP`` (``watch.lua``). Named by :func:`queue_set_id`.
+baton_key = KeyFamily('epoch:baton')
+
+
+def tickets_key() -> str:
+    """Hash of the workers' sweep tickets (``ticket.lua``): ``at:<queue>`` the server time (ms)
+    of the last ticket, ``count:<queue>`` how many were granted."""
+    return f'{PREFIX}:epoch:tickets'
+
+
+def startup_probe_key() -> str:
+    """A key that is never written: a worker at start deletes it to learn whether the server
+    takes writes (a write command is refused by a replica, a loading server, or a primary
+    short of replicas, whether or not the key exists)."""
+    return f'{PREFIX}:epoch:probe'
 
 
 def finishing_key() -> str:

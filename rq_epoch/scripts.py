@@ -35,6 +35,8 @@ __all__ = [
     'rescue',
     'sweep',
     'take',
+    'ticket',
+    'watch',
 ]
 
 EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
@@ -123,9 +125,11 @@ rescue = _verb('rescue')
 claim = _verb('claim')
 commit = _verb('commit')
 take = _verb('take')
+watch = _verb('watch')
+ticket = _verb('ticket')
 
 
 def load_all(connection: Redis) -> None:
     """Load every script (a worker does this at start and after the server returns)."""
-    for script in (grant(), extend(), sweep(), rescue(), claim(), commit(), take()):
+    for script in (grant(), extend(), sweep(), rescue(), claim(), commit(), take(), watch(), ticket()):
         script.load(connection)

@@ -10,16 +10,22 @@ variable                         default  meaning
                                           a ``--job-monitoring-interval`` other than RQ's
                                           default 30 is followed instead)
 ``RQ_EPOCH_LEASE_MARGIN``        20       seconds a lease outlives its last heartbeat
-``RQ_EPOCH_SWEEP_INTERVAL``      5        seconds between a worker's own sweeps
+``RQ_EPOCH_SWEEP_INTERVAL``      5        seconds between two sweeps of a queue by the
+                                          fleet (each worker asks for the queues nobody
+                                          swept lately, and sweeps those)
 ``RQ_EPOCH_RESTART_GRACE``       (auto)   seconds after a server start before uncounted
                                           leases are swept; default heartbeat + margin
 ``RQ_EPOCH_BATCH_SIZE``          30       leases judged per sweep script call
+``RQ_EPOCH_STARTUP_WAIT``        300      seconds a worker started while the server is down,
+                                          loading, read-only or refusing writes waits for
+                                          it before it gives up (0: it gives up at once)
 ===============================  =======  ====================================================
 
 With the defaults a worker that dies is detected within one lease (30 s) plus one sweep
 interval (5 s) by any other worker on its queue, and the job runs again at once. The price is
-one heartbeat round trip per running job every 10 s (stock RQ: every 30 s) and one sweep
-call per queue per worker every 5 s.
+one heartbeat round trip per running job every 10 s (stock RQ: every 30 s), one sweep of each
+queue every 5 s by the whole fleet (whichever worker's ticket wins), and one ticket call per
+worker every 5 s.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ _FIELDS = {
     'sweep_interval': ('RQ_EPOCH_SWEEP_INTERVAL', 1),
     'restart_grace': ('RQ_EPOCH_RESTART_GRACE', 0),
     'batch_size': ('RQ_EPOCH_BATCH_SIZE', 1),
+    'startup_wait': ('RQ_EPOCH_STARTUP_WAIT', 0),
 }
 
 
@@ -69,6 +76,7 @@ class EpochSettings:
     sweep_interval: int = 5
     restart_grace: int | None = None
     batch_size: int = 30
+    startup_wait: int = 300
 
     @property
     def lease_ttl(self) -> int:

@@ -13,32 +13,44 @@ queue's intermediate list. The sweep already rescues a job that sits there, stil
 uncounted (verdict exempt). The grant script removes the entry once the lease exists, so
 the job is always either in a queue, in an intermediate list, or under a lease.
 
-A script cannot block, so the worker waits for a job without popping it: with the
-server's client tracking (Redis 6+, Valkey), a dedicated connection reads the queues
-(``EXISTS``), and the next write to any of them, by any client (stock RQ enqueuers
-included), makes the server push one invalidation message to a second connection
-subscribed to ``__redis__:invalidate``. The worker blocks reading that connection; on the
-message it reads the queues again (which re-arms the wake-up) and runs the take only if
-one of them has a job. Every idle worker on a queue wakes at an enqueue, but only those
-that see the job run the take. An idle wait sends nothing until the dequeue timeout; no
-server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING`` gets a
-short poll instead (one take every :attr:`Taker.poll_interval` seconds), announced by one
-warning.
+A script cannot block, so the worker waits for a job without popping it, with the
+server's client tracking (Redis 6+, Valkey): a connection of its own (RESP3) reads the
+queues (``EXISTS``), and the next write to any of them, by any client (stock RQ enqueuers
+included), makes the server push one invalidation message on that connection.
+
+Idle workers on the same queues do not all wait that way: one of them is the *watcher*
+of that set of queues (it holds ``<prefix>:epoch:watch:<set>``, with a TTL it refreshes
+while it waits), and only the watcher keeps tracking armed. The others block in
+``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An enqueue wakes the
+watcher alone; it takes the job, then hands the watch on (``watch.lua``: its key
+deleted, one token pushed on the baton list), and the one waiter that pops the token
+claims the watch and arms tracking. A waiter whose ``BLPOP`` times out tries to claim the
+watch, so a watcher that died is replaced within its TTL plus one wait; and every idle
+worker still takes once per dequeue timeout (at most one sweep interval), so a job
+waits no longer than that even then. An enqueue thus wakes at most two workers (the
+watcher, and the waiter it hands on to), however many wait.
+
+No server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING``
+gets a short poll instead (one take every :attr:`Taker.poll_interval` seconds), announced
+by one warning.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.utils import get_version
 
-from . import scripts
+from . import keys, scripts
 from .compat import text
+from .failover import is_outage
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -46,33 +58,36 @@ if TYPE_CHECKING:
     from rq.job import Job as RQJob
     from rq.queue import Queue
 
-__all__ = ['INVALIDATE_CHANNEL', 'Taker', 'TrackingRefused', 'Waker']
+__all__ = ['Taker', 'TakerCounters', 'TrackingRefused', 'Waker']
 
 logger = logging.getLogger('rq_epoch')
 
-#: The channel on which the server sends client-tracking invalidations (RESP2).
-INVALIDATE_CHANNEL = '__redis__:invalidate'
-
-#: Error replies that mean "no writes here for now" (a demoted primary, too few replicas,
-#: a primary lost by its replica, a dataset loading): the take becomes a connection error,
-#: which RQ's dequeue loop rides out with backoff, instead of an error that ends the worker.
-_OUTAGE_REPLIES = frozenset({'READONLY', 'NOREPLICAS', 'MASTERDOWN', 'LOADING'})
-
 
 def _dedicated_connection(pool: ConnectionPool) -> AbstractConnection:
-    """A connection outside the pool, made as the pool makes its own, speaking RESP2.
+    """A connection outside the pool, made as the pool makes its own, speaking RESP3.
 
-    RESP2 keeps the invalidations on a subscribed connection of their own, whatever the
-    protocol of the pool (redis-py 8 speaks RESP3 by default). For a Sentinel pool the
-    connection asks the sentinels for the primary, as the pool's do.
+    RESP3 lets the server push the invalidations on the connection that reads the queues
+    (RESP2 would need a second, subscribed connection). For a Sentinel pool the connection
+    asks the sentinels for the primary, as the pool's do.
     """
     kwargs = dict(pool.connection_kwargs)
-    kwargs['protocol'] = 2
-    kwargs['health_check_interval'] = 0  # a PING on a subscribed RESP2 connection is answered differently
-    if 'maint_notifications_config' in kwargs:  # redis-py 8: a RESP3-only feature
+    kwargs['protocol'] = 3
+    kwargs['health_check_interval'] = 0  # a PING would be read among the pushes
+    if 'maint_notifications_config' in kwargs:  # redis-py 8: nothing but the invalidations here
         kwargs['maint_notifications_config'] = None
     connection: AbstractConnection = pool.connection_class(**kwargs)
     return connection
+
+
+def _outage_as_connection_error(exc: redis.exceptions.ResponseError) -> None:
+    """Raise an answer that means "no writes here for now" as a connection error.
+
+    A demoted primary, too few replicas, a primary lost by its replica, a dataset loading
+    (see :data:`rq_epoch.failover.OUTAGE_CODES`): RQ's dequeue loop rides a connection
+    error out with backoff, where any other error would end the worker.
+    """
+    if is_outage(exc):
+        raise redis.exceptions.ConnectionError(f'the server cannot give out jobs now: {exc}') from exc
 
 
 class TrackingRefused(Exception):
@@ -82,39 +97,33 @@ class TrackingRefused(Exception):
 class Waker:
     """Waits, without polling and without popping, until one of some queues may have a job.
 
-    :meth:`arm` reads the queues on a connection with client tracking on (its
-    invalidations redirected to a second, subscribed connection); the server then sends
-    one message at the next write to any of those lists, by any client. :meth:`wait`
-    blocks on the subscribed connection until that message or the timeout. Arming again
-    after a wake-up re-arms it, and says whether the write left a job.
+    :meth:`arm` reads the queues on a connection of its own with client tracking on; the
+    server then pushes one invalidation on that connection at the next write to any of
+    those lists, by any client. :meth:`wait` blocks on the connection until that message
+    or the timeout. Arming again after a wake-up re-arms it, and says whether the write
+    left a job.
     """
 
     def __init__(self, connection: Redis) -> None:
         self._pool = connection.connection_pool
-        self._reader: AbstractConnection | None = None
-        self._listener: AbstractConnection | None = None
+        self._connection: AbstractConnection | None = None
 
-    def _connect(self) -> tuple[AbstractConnection, AbstractConnection]:
-        listener = _dedicated_connection(self._pool)
-        reader = _dedicated_connection(self._pool)
+    def _connect(self) -> AbstractConnection:
+        connection = _dedicated_connection(self._pool)
         try:
-            listener.connect()
-            reader.connect()
             try:
-                listener.send_command('CLIENT', 'ID')
-                client_id = listener.read_response()
-                listener.send_command('SUBSCRIBE', INVALIDATE_CHANNEL)
-                listener.read_response()
-                reader.send_command('CLIENT', 'TRACKING', 'ON', 'REDIRECT', client_id)
-                reader.read_response()
+                connection.connect()  # HELLO 3
+                connection.send_command('CLIENT', 'TRACKING', 'ON')
+                connection.read_response()
             except redis.exceptions.ResponseError as exc:
+                if is_outage(exc):
+                    raise
                 raise TrackingRefused(str(exc)) from exc
         except BaseException:
-            listener.disconnect()
-            reader.disconnect()
+            connection.disconnect()
             raise
-        self._listener, self._reader = listener, reader
-        return listener, reader
+        self._connection = connection
+        return connection
 
     def arm(self, queue_keys: Sequence[str]) -> bool:
         """Ask to be woken at the next write to any of ``queue_keys``; say whether one has jobs.
@@ -125,49 +134,74 @@ class Waker:
         when a queue has jobs (there is no reason to wait).
 
         Raises:
-            TrackingRefused: the server refused client tracking (both connections are closed).
-            redis.exceptions.ConnectionError: a connection failed (both are closed).
+            TrackingRefused: the server refused RESP3 or client tracking (the connection is closed).
+            redis.exceptions.ConnectionError: the connection failed (it is closed).
         """
         try:
-            if self._reader is None or self._listener is None:
-                listener, reader = self._connect()
+            connection = self._connection
+            if connection is None:
+                connection = self._connect()
             else:
-                listener, reader = self._listener, self._reader
-                self._drain(listener)
-            reader.send_command('EXISTS', *queue_keys)
-            existing = reader.read_response()
+                self._drain(connection)
+            connection.send_command('EXISTS', *queue_keys)
+            existing = self._reply(connection)
         except BaseException:
             self.close()
             raise
-        return int(existing) > 0
+        return existing > 0
 
     def wait(self, seconds: float) -> bool:
-        """Block up to ``seconds`` for a wake-up; True when one came."""
-        listener = self._listener
-        if listener is None:
+        """Block up to ``seconds`` for a wake-up; True when one came (it is consumed)."""
+        connection = self._connection
+        if connection is None:
             return False
         try:
-            return bool(listener.can_read(timeout=seconds))
+            if not connection.can_read(timeout=seconds):
+                return False
+            connection.read_response(push_request=True)
+            return True
         except BaseException:
             self.close()
             raise
 
     @staticmethod
-    def _drain(listener: AbstractConnection) -> None:
+    def _reply(connection: AbstractConnection) -> int:
+        """The integer reply of the last command, past any invalidation pushed before it."""
         for _ in range(10_000):
-            if not listener.can_read(timeout=0):
+            reply = connection.read_response(push_request=True)
+            if isinstance(reply, int):
+                return reply
+        raise redis.exceptions.ConnectionError('no reply among the invalidations')
+
+    @staticmethod
+    def _drain(connection: AbstractConnection) -> None:
+        for _ in range(10_000):
+            if not connection.can_read(timeout=0):
                 return
-            listener.read_response()
+            connection.read_response(push_request=True)
 
     def close(self) -> None:
-        """Close both connections (the next :meth:`arm` opens new ones)."""
-        for connection in (self._listener, self._reader):
-            if connection is not None:
-                try:
-                    connection.disconnect()
-                except Exception:  # noqa: S110 - closing a broken socket
-                    pass
-        self._listener = self._reader = None
+        """Close the connection (the next :meth:`arm` opens a new one)."""
+        if self._connection is not None:
+            try:
+                self._connection.disconnect()
+            except Exception:  # noqa: S110 - closing a broken socket
+                pass
+        self._connection = None
+
+
+@dataclass
+class TakerCounters:
+    """What one worker's waiting did, counted since it started (read by tests and benchmarks)."""
+
+    #: Woken by the server: an invalidation (as the watcher) or a baton (as a waiter).
+    wakeups: int = 0
+    #: Takes that found every queue empty.
+    empty_takes: int = 0
+    #: Times it became the watcher of its queues.
+    watch_terms: int = 0
+    #: Times it handed the watch on after taking a job.
+    handoffs: int = 0
 
 
 class Taker:
@@ -184,13 +218,29 @@ class Taker:
     #: Wait with client tracking (False: poll every :attr:`poll_interval` seconds).
     tracking: bool = True
 
-    def __init__(self, connection: Redis, log: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        connection: Redis,
+        log: logging.Logger | None = None,
+        *,
+        name: str | None = None,
+        watch_ttl: float = 10.0,
+    ) -> None:
         self.connection = connection
         self.log = log or logger
+        #: This taker's token in the watch and baton keys (the worker's name).
+        self.name = name or uuid.uuid4().hex
+        #: Seconds the watch is held without a refresh; a waiter's ``BLPOP`` lasts no longer.
+        self.watch_ttl = watch_ttl
+        self.counters = TakerCounters()
         self._waker: Waker | None = None
         self._polling = not self.tracking
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
+        #: The set of queues (:func:`rq_epoch.keys.queue_set_id`) this taker watches, if any,
+        #: and when it last claimed or refreshed the watch (``time.monotonic()``).
+        self._watching: str | None = None
+        self._claimed_at = 0.0
 
     # -- the take ------------------------------------------------------------------------
 
@@ -202,17 +252,17 @@ class Taker:
 
         Raises:
             redis.exceptions.ConnectionError: also when the server answers that it takes no
-                writes for now (READONLY, NOREPLICAS, MASTERDOWN, LOADING): an outage.
+                writes for now (:data:`rq_epoch.failover.OUTAGE_CODES`): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
         try:
             reply = scripts.take()(self.connection, script_keys, [])
         except redis.exceptions.ResponseError as exc:
-            if str(exc).split(' ', 1)[0] in _OUTAGE_REPLIES:
-                raise redis.exceptions.ConnectionError(f'the server cannot give out jobs now: {exc}') from exc
+            _outage_as_connection_error(exc)
             raise
         index = int(reply[0])
         if index == 0:
+            self.counters.empty_takes += 1
             return None
         queue, job_id = queues[index - 1], text(reply[1])
         self.taken(queue, job_id)
@@ -292,6 +342,7 @@ class Taker:
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
             found = self.take(queues)
             if found is not None:
+                self._hand_on()
                 queue, job_id = found
                 job = self._fetch(queue, job_id, job_class, serializer)
                 if job is None:
@@ -322,10 +373,11 @@ class Taker:
     def wait(self, queue_keys: Sequence[str], seconds: float) -> bool:
         """Until one of ``queue_keys`` has a job (True), or ``seconds`` have passed (False).
 
-        A wake-up whose write left no job (another worker took it, or it was a write
-        that adds none) goes back to waiting after one ``EXISTS``, without a take: so
-        every idle worker wakes at an enqueue, but only those that see the job run the
-        take. While polling, it returns True after :attr:`poll_interval` seconds.
+        The watcher of these queues (see the module's docstring) waits for an invalidation;
+        a wake-up whose write left no job (another worker took it, or it was a write that
+        adds none) goes back to waiting after one ``EXISTS``, without a take. Any other
+        worker waits for the baton, then claims the watch. While polling, it returns True
+        after :attr:`poll_interval` seconds.
         """
         deadline = time.monotonic() + seconds
         if self._reconnect and self._waker is not None:
@@ -334,21 +386,16 @@ class Taker:
         self._reconnect = False
         if not self._polling:
             try:
-                if self._waker is None:
-                    self._waker = Waker(self.connection)
-                for _ in range(1_000_000):
-                    if self._waker.arm(queue_keys):
-                        return True
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not self._waker.wait(remaining):
-                        return False
-                return False
+                return self._wait_watched(queue_keys, deadline)
             except redis.exceptions.RedisError:
-                self._waker = None  # closed: the next wait connects again
+                if self._waker is not None:
+                    self._waker.close()  # the next wait connects again
+                    self._waker = None
                 raise
             except TrackingRefused as exc:
                 self._waker = None
                 self._polling = True
+                self._hand_on()
                 self.log.warning(
                     'rq-epoch: the server refused client tracking (%s); waiting for jobs by taking every %ss instead',
                     exc,
@@ -357,13 +404,95 @@ class Taker:
         time.sleep(max(0.0, min(self.poll_interval, deadline - time.monotonic())))
         return True
 
+    def _wait_watched(self, queue_keys: Sequence[str], deadline: float) -> bool:
+        set_id = keys.queue_set_id(queue_keys)
+        armed = False
+        for _ in range(1_000_000):  # each turn waits until a job, a baton, a refresh or the deadline
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if not self._watch(set_id):
+                armed = False
+                if self._wait_for_baton(set_id, min(remaining, self.watch_ttl)):
+                    self.counters.wakeups += 1
+                continue
+            if self._waker is None:
+                self._waker = Waker(self.connection)
+            if not armed:
+                if self._waker.arm(queue_keys):
+                    return True
+                armed = True
+            until_refresh = self._claimed_at + self.watch_ttl / 3 - time.monotonic()
+            if self._waker.wait(max(0.0, min(remaining, until_refresh))):
+                self.counters.wakeups += 1
+                armed = False  # read the queues again: that says whether the write left a job
+        return False
+
+    def _watch(self, set_id: str) -> bool:
+        """Whether this taker watches ``set_id`` now: claims the watch when nobody holds it,
+        refreshes it once a third of its TTL has passed (``watch.lua``)."""
+        now = time.monotonic()
+        if self._watching == set_id and now - self._claimed_at < self.watch_ttl / 3:
+            return True
+        ttl_ms = max(1, int(self.watch_ttl * 1000))
+        try:
+            if self._watching is not None and self._watching != set_id:
+                self._hand_on()  # the worker's queues changed
+            if self._watching == set_id:
+                watching = self._watch_script('claim', set_id, ttl_ms)
+            else:  # a plain SET NX: the common case of a taker that finds the watch taken
+                watching = bool(self.connection.set(keys.watch_key(set_id), self.name, nx=True, px=ttl_ms))
+        except redis.exceptions.ResponseError as exc:
+            _outage_as_connection_error(exc)
+            raise
+        if not watching:
+            self._watching = None
+            return False
+        if self._watching != set_id:
+            self._watching = set_id
+            self.counters.watch_terms += 1
+        self._claimed_at = now
+        return True
+
+    def _watch_script(self, action: str, set_id: str, ttl_ms: int) -> bool:
+        """Call ``watch.lua``; its reply is whether this taker holds (claim) or held (pass) the watch."""
+        script_keys = [keys.watch_key(set_id), keys.baton_key(set_id)]
+        return int(scripts.watch()(self.connection, script_keys, [action, self.name, ttl_ms])) == 1
+
+    def _wait_for_baton(self, set_id: str, seconds: float) -> bool:
+        """Block on the baton list up to ``seconds`` (``BLPOP`` on the main connection); True when
+        a token came."""
+        timeout = max(0.01, round(seconds, 2))  # 0 would wait forever
+        try:
+            # (redis-py's blpop() is typed for whole seconds before 6.0; the server takes decimals)
+            return self.connection.execute_command('BLPOP', keys.baton_key(set_id), timeout) is not None
+        except redis.exceptions.ResponseError as exc:
+            _outage_as_connection_error(exc)
+            raise
+
+    def _hand_on(self) -> None:
+        """When this taker watches: give up the watch and wake one waiter to take it over.
+
+        Called after a take found a job (the worker is busy from now on), and when the taker
+        stops. A failure only delays the handover: the watch key expires by its TTL.
+        """
+        set_id, self._watching = self._watching, None
+        if set_id is None:
+            return
+        try:
+            if self._watch_script('pass', set_id, max(1, int(self.watch_ttl * 1000))):
+                self.counters.handoffs += 1
+        except redis.exceptions.RedisError as exc:
+            self.log.debug('rq-epoch: could not hand the watch on (%s); it expires by itself', exc)
+
     def reconnect(self) -> None:
-        """Open new wake-up connections at the next wait (the primary moved: see
+        """Open a new wake-up connection at the next wait (the primary moved: see
         :class:`~rq_epoch.failover.PrimaryWatch`). Safe from any thread: it only sets a flag."""
         self._reconnect = True
 
     def close(self) -> None:
-        """Close the wake-up connections, if any."""
+        """Hand the watch on, if this taker holds it, and close the wake-up connection, if any."""
+        self._hand_on()
         if self._waker is not None:
             self._waker.close()
             self._waker = None

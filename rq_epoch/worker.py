@@ -8,12 +8,14 @@ start-up, following the primary, riding out outages, taking jobs and sweeping.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -22,24 +24,72 @@ from rq.logutils import setup_loghandlers
 from rq.utils import now
 from rq.worker_registration import clean_worker_registry
 
-from . import compat, scripts
+from . import compat, keys, scripts
 from .errors import RqEpochError
-from .failover import PrimaryWatch
+from .failover import PrimaryWatch, is_outage
 from .heartbeats import Heartbeats
 from .job import Job
 from .jobclass import resolve_job_class
 from .outcomes import CONNECTION_ERRORS, FencedOutcomes
 from .report import SweepReport
-from .server import read_epoch
+from .server import ServerEpoch, read_epoch
 from .settings import EpochSettings
 from .sweep import Sweeper
 from .take import Taker
+from .tickets import take_tickets
 
 if TYPE_CHECKING:
     from redis.client import Pipeline, PubSub, PubSubWorkerThread
     from rq.queue import Queue as RQQueue
 
-__all__ = ['Worker']
+__all__ = ['Worker', 'wait_while_unavailable']
+
+
+_T = TypeVar('_T')
+
+
+def wait_while_unavailable(
+    attempt: Callable[[], _T], *, limit: float, log: logging.Logger | logging.LoggerAdapter[Any], name: str
+) -> _T:
+    """``attempt()``, retried while the server is down or answers that it cannot serve now.
+
+    A worker started during an outage (a deploy during a failover, a server restarting)
+    would otherwise exit at once, and its supervisor would restart it into a backoff. The
+    wait logs one line when it starts and one when the server is back, retries with a
+    growing pause (at most 5 s) for up to ``limit`` seconds, then raises the last error.
+    "Cannot serve now" is a connection error or an answer of
+    :data:`rq_epoch.failover.OUTAGE_CODES` (loading, read-only, too few replicas, primary
+    lost); any other error is raised at once.
+    """
+    started = time.monotonic()
+    pause = 0.5
+    waiting = False
+    for _ in range(1_000_000):  # each turn tries once, then pauses (the time limit ends it)
+        try:
+            result = attempt()
+        except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
+            if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
+                raise
+            waited = time.monotonic() - started
+            if waited >= limit:
+                if waiting:
+                    log.error('Worker %s: the server did not come back within %ss: %s', name, limit, exc)
+                raise
+            if not waiting:
+                waiting = True
+                log.warning(
+                    'Worker %s: the server cannot serve this worker yet (%s); waiting for it, up to %ss',
+                    name,
+                    exc,
+                    limit,
+                )
+            time.sleep(min(pause, limit - waited))
+            pause = min(5.0, pause * 2)
+            continue
+        if waiting:
+            log.warning('Worker %s: the server is back after %.1fs; starting', name, time.monotonic() - started)
+        return result
+    raise redis.exceptions.ConnectionError('the server did not come back')
 
 
 class Worker(Heartbeats):
@@ -70,6 +120,7 @@ class Worker(Heartbeats):
         sweep_interval: int | None = None,
         restart_grace: int | None = None,
         batch_size: int | None = None,
+        startup_wait: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.epoch_settings = EpochSettings.resolve(
@@ -79,8 +130,18 @@ class Worker(Heartbeats):
             sweep_interval=sweep_interval,
             restart_grace=restart_grace,
             batch_size=batch_size,
+            startup_wait=startup_wait,
         )
         kwargs['job_class'] = resolve_job_class(type(self), kwargs.get('job_class'))
+        connection = kwargs.get('connection')
+        if connection is not None and kwargs.get('prepare_for_work', True):
+            # RQ's worker names its connection (CLIENT SETNAME) as it is made: wait for a server.
+            wait_while_unavailable(
+                connection.ping,
+                limit=self.epoch_settings.startup_wait,
+                log=logging.getLogger('rq.worker'),
+                name=str(kwargs.get('name') or '(starting)'),
+            )
         super().__init__(queues, *args, **kwargs)
         if (
             heartbeat_interval is None
@@ -114,6 +175,9 @@ class Worker(Heartbeats):
     ) -> None:
         """Check that the server yields an epoch, load the scripts, then start as RQ does.
 
+        A server that is down, loading, read-only or refusing writes (too few replicas) is
+        waited for, up to ``startup_wait`` seconds (see :meth:`wait_for_server`).
+
         rq-epoch's own log lines (logger ``rq_epoch``: verdicts of the worker's sweeps,
         skipped callbacks) get the same handler and format as RQ's worker lines.
 
@@ -121,8 +185,8 @@ class Worker(Heartbeats):
             EpochUnavailableError: INFO is refused or has no valid run_id (nothing is written).
         """
         self.log_settings = (logging_level, date_format, log_format)
-        current = read_epoch(self.connection)
-        scripts.load_all(self.connection)
+        setup_loghandlers(logging_level, date_format, log_format, name='rq.worker')  # as RQ's bootstrap does first
+        current = self.wait_for_server()
         self._known_run_id = current.run_id
         self.primary_watch = self.watch_primary(current.run_id)
         super().bootstrap(logging_level, date_format, log_format)
@@ -139,6 +203,27 @@ class Worker(Heartbeats):
             s.max_stalled,
             s.grace,
         )
+
+    def wait_for_server(self) -> ServerEpoch:
+        """Read the epoch, load the scripts and check that the server takes writes; wait while it cannot.
+
+        Whether the server takes writes is asked with a ``DEL`` of a key nobody writes
+        (:func:`rq_epoch.keys.startup_probe_key`): a server refuses a write command when it
+        is a replica, loading, or a primary short of replicas, before it looks at the key.
+        See :func:`wait_while_unavailable` for the wait.
+
+        Raises:
+            EpochUnavailableError: INFO is refused or has no valid run_id (not waited for).
+            redis.exceptions.ConnectionError: still no server after ``startup_wait`` seconds.
+        """
+
+        def ready() -> ServerEpoch:
+            current = read_epoch(self.connection)
+            scripts.load_all(self.connection)
+            self.connection.delete(keys.startup_probe_key())
+            return current
+
+        return wait_while_unavailable(ready, limit=self.epoch_settings.startup_wait, log=self.log, name=self.name)
 
     def watch_primary(self, run_id: str) -> PrimaryWatch:
         """Install the :class:`~rq_epoch.failover.PrimaryWatch` on this worker's connection.
@@ -219,6 +304,12 @@ class Worker(Heartbeats):
         self.pubsub.unsubscribe()
         thread.join(timeout=1)
         self.pubsub.close()
+
+    def teardown(self) -> None:
+        """RQ's teardown; first the watch of the queues is handed on to another idle worker."""
+        if not self._is_horse and self._taker is not None:
+            self._taker.close()
+        super().teardown()
 
     def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
@@ -313,7 +404,9 @@ class Worker(Heartbeats):
     def taker(self) -> Taker:
         """This worker's :class:`~rq_epoch.take.Taker` (made at the first dequeue)."""
         if self._taker is None:
-            self._taker = self.taker_class(self.connection, log=self.log)
+            self._taker = self.taker_class(
+                self.connection, log=self.log, name=self.name, watch_ttl=self.epoch_settings.sweep_interval
+            )
         return self._taker
 
     def dequeue_job_and_maintain_ttl(
@@ -397,8 +490,23 @@ class Worker(Heartbeats):
             self.sweep()
 
     def sweep(self) -> SweepReport | None:
-        """Run the epoch-aware sweep over this worker's queues; never raises."""
+        """Run the epoch-aware sweep over the queues of this worker whose ticket it wins; never raises.
+
+        The ticket (:mod:`rq_epoch.tickets`) goes to the first worker that asks for a queue
+        once an interval has passed since its last one, so the fleet sweeps each queue about
+        once per sweep interval. Returns None when no queue was won (or nothing could be done).
+        """
         self._last_sweep = time.monotonic()
+        try:
+            tickets = take_tickets(self.connection, self.queue_names(), self.epoch_settings.sweep_interval)
+        except CONNECTION_ERRORS as exc:
+            self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
+            return None
+        except RqEpochError as exc:
+            self.log.error('Worker %s: sweep skipped: %s', self.name, exc)
+            return None
+        if not tickets.granted:
+            return None
         sweeper = Sweeper(
             self.connection,
             settings=self.epoch_settings,
@@ -408,7 +516,7 @@ class Worker(Heartbeats):
             death_penalty_class=self.death_penalty_class,
         )
         try:
-            report = sweeper.sweep(self.queue_names())
+            report = sweeper.sweep(tickets.granted)
         except CONNECTION_ERRORS as exc:
             self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
             return None

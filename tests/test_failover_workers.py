@@ -351,3 +351,25 @@ def test_failover_under_min_replicas_to_write_worker_survives_outcome_once(fleet
     assert len(job.results()) == 1
     print(f'\n[{f.topology.kind}] min-replicas-to-write 1: worker re-stamped its lease on the new primary '
           f'{reached:.2f}s after the promotion')  # fmt: skip
+
+
+def test_an_idle_fleet_on_several_queues_follows_a_failover(fleet, tmp_path: Path) -> None:
+    """Idle workers on three queues (a watcher, the others waiting for its baton): after a
+    failover every job enqueued on the new primary runs, and no worker quits."""
+    f = fleet()
+    queues = ('fo-a', 'fo-b', 'fo-c')
+    set_id = keys.queue_set_id(keys.queue_key(name) for name in queues)
+    old = f.topology.current_primary()
+    client = old.client()
+    workers = [f.worker(*queues, worker_class='tests.workers.EpochWorkerCountingWakes') for _ in range(3)]
+    wait_for(lambda: client.scard(keys.workers_key()) == 3, 60, what='3 workers registered')
+    wait_for(lambda: client.get(keys.watch_key(set_id)), 30, what='a watcher on the first primary')
+    _, new = f.topology.failover()
+    new_client = new.client()
+    log = tmp_path / 'log'
+    jobs = [Queue(name, connection=new_client).enqueue('tests.jobs.record', str(log), name) for name in queues * 2]
+    for job in jobs:
+        wait_for(lambda job=job: new_client.hget(job.key, 'status') == b'finished', 60, what='every job done')
+    wait_for(lambda: new_client.get(keys.watch_key(set_id)), 30, what='a watcher on the new primary')
+    assert all(worker.proc.poll() is None for worker in workers)
+    assert sorted(log.read_text().split()[::2]) == sorted(queues * 2)

@@ -11,7 +11,7 @@ from rq.queue import Queue as StockQueue
 from rq.worker import Worker as StockWorker
 
 from rq_epoch import Sweeper, Worker
-from rq_epoch.take import Taker
+from rq_epoch.take import Taker, TakerCounters
 
 
 class EpochWorkerDiesAfterDequeue(Worker):
@@ -30,6 +30,26 @@ class EpochWorkerDiesAfterTake(Worker):
     """Is SIGKILLed right after the take script moved a job, before the reply is used."""
 
     taker_class = _TakerDiesAfterTake
+
+
+class _PrintedCounters(TakerCounters):
+    """Prints each change of a counter: ``COUNTER <name> <value>`` (the tests read the worker's log)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        print(f'COUNTER {name} {value}', flush=True)
+
+
+class _CountingTaker(Taker):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counters = _PrintedCounters()
+
+
+class EpochWorkerCountingWakes(Worker):
+    """rq-epoch's worker, printing its taker's counters (wake-ups, empty takes, watch terms)."""
+
+    taker_class = _CountingTaker
 
 
 class StockQueueDiesAfterPop(StockQueue):

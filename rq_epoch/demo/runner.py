@@ -152,6 +152,8 @@ class Demo:
                 conn.delete(key)
             for story in self.stories:
                 conn.srem(keys.queues_key(), keys.queue_key(story.queue_name))
+                # The workers' sweep tickets of the run's queues (the hash goes with its last field).
+                conn.hdel(keys.tickets_key(), f'at:{story.queue_name}', f'count:{story.queue_name}')
             for raw in conn.smembers(keys.workers_key()):  # type: ignore[union-attr]
                 if self.prefix in _text(raw):
                     conn.srem(keys.workers_key(), raw)

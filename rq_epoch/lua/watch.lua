@@ -1,0 +1,54 @@
+-- watch: one idle worker per set of queues watches them for the others.
+--
+-- Idle workers on the same queues share one watcher: the only one that keeps the
+-- server's client tracking armed on the queues, so that an enqueue wakes it and no other.
+-- The others wait with BLPOP on the baton list (a blocking pop wakes exactly one waiter).
+-- A watcher that took a job hands the watch on: it gives up the watch key and pushes one
+-- token onto the baton list, so exactly one waiter wakes, claims the watch and arms it.
+-- A watcher that dies stops refreshing its key; the key expires, and the first waiter
+-- whose BLPOP times out claims it.
+--
+-- KEYS[1]  the watch key   (<prefix>:epoch:watch:<set>, a string: the watcher's token)
+-- KEYS[2]  the baton list  (<prefix>:epoch:baton:<set>, at most one token)
+-- ARGV[1]  "claim" or "pass"
+-- ARGV[2]  the caller's token (its worker name)
+-- ARGV[3]  TTL of the watch key and of the baton, in milliseconds
+--
+-- claim: the caller becomes the watcher when nobody is (SET NX PX), or stays the
+--        watcher and refreshes its TTL when it is already.
+-- pass:  when the caller is the watcher, the watch key is deleted and one token is
+--        pushed onto the baton list (none when a token already waits there), which
+--        expires after the TTL when no waiter pops it.
+--
+-- Returns 1 when the caller is the watcher (claim: now; pass: it was, and handed on),
+-- 0 otherwise.
+
+local rcall = redis.call  -- read from a local, not the global table
+
+local watch_key, baton_key = KEYS[1], KEYS[2]
+local action, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local holder = rcall('GET', watch_key)
+if action == 'claim' then
+  if holder == token then
+    rcall('PEXPIRE', watch_key, ttl)
+    return 1
+  end
+  if holder then
+    return 0
+  end
+  rcall('SET', watch_key, token, 'PX', ttl)
+  return 1
+end
+if action == 'pass' then
+  if holder ~= token then
+    return 0
+  end
+  rcall('DEL', watch_key)
+  if rcall('LLEN', baton_key) == 0 then
+    rcall('RPUSH', baton_key, token)
+  end
+  rcall('PEXPIRE', baton_key, ttl)
+  return 1
+end
+return redis.error_reply('watch: unknown action ' .. tostring(action))

@@ -1,0 +1,228 @@
+"""A fleet of idle workers costs the server what stock RQ's does: one wake per job, one sweep per queue.
+
+Real ``rq worker`` processes on several queues. The counting worker class
+(``tests.workers.EpochWorkerCountingWakes``) prints its taker's counters as they change,
+so each worker's wake-ups are read from its log; sweeps are counted on the server (the
+ticket script's grants).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from rq.job import JobStatus
+
+from rq_epoch import Queue, keys
+from tests.conftest import ROOT, WorkerProcess, wait_for
+
+COUNTING = 'tests.workers.EpochWorkerCountingWakes'
+QUEUES = ('fleet-a', 'fleet-b', 'fleet-c')
+SET_ID = keys.queue_set_id(keys.queue_key(name) for name in QUEUES)
+
+
+def counter(worker: WorkerProcess, name: str) -> int:
+    """The last value of a taker counter the worker printed (0 before any)."""
+    value = 0
+    for line in worker.output().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == 'COUNTER' and parts[1] == name:
+            value = int(parts[2])
+    return value
+
+
+def start_fleet(
+    start_worker: Callable[..., WorkerProcess], conn: redis.Redis, n: int, env: dict[str, str]
+) -> list[WorkerProcess]:
+    fleet = [start_worker(*QUEUES, worker_class=COUNTING, env=env) for _ in range(n)]
+    wait_for(lambda: conn.scard(keys.workers_key()) == n, 60, what=f'{n} workers registered')
+    wait_for(lambda: conn.get(keys.watch_key(SET_ID)), 30, what='a watcher')
+    return fleet
+
+
+def watcher(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
+    """The worker process that holds the watch of the fleet's queues."""
+    name = conn.get(keys.watch_key(SET_ID))
+    assert name is not None
+    pid = int(conn.hget(keys.worker_key(name.decode()), 'pid') or 0)
+    return next(worker for worker in fleet if worker.pid == pid)
+
+
+def test_one_enqueue_wakes_at_most_two_of_eight_idle_workers(conn, start_worker) -> None:
+    # A long sweep interval: nothing but the enqueues happens while the workers idle.
+    fleet = start_fleet(start_worker, conn, 8, {'RQ_EPOCH_SWEEP_INTERVAL': '30'})
+    client_id = conn.client_id()
+    connections = [c for c in conn.client_list() if int(c['id']) != client_id]
+    assert len(connections) <= 3 * len(fleet)  # stock RQ holds 2 per worker; rq-epoch at most one more
+
+    queue = Queue(QUEUES[1], connection=conn)
+    for round_ in range(3):
+        woken = one_enqueue(conn, fleet, queue, round_)
+        assert 1 <= sum(woken.values()) <= 2, woken
+        assert sum(1 for n in woken.values() if n) <= 2, woken
+    assert all(worker.proc.poll() is None for worker in fleet)
+
+
+def one_enqueue(conn: redis.Redis, fleet: list[WorkerProcess], queue: Queue, tag: int) -> dict[int, int]:
+    """Enqueue one job into an idle fleet; the wake-ups of each worker (by pid) until the watch
+    is held again and every wake-up the job caused is logged."""
+    before = {worker.pid: counter(worker, 'wakeups') for worker in fleet}
+    terms = {worker.pid: counter(worker, 'watch_terms') for worker in fleet}
+    first = watcher(conn, fleet)
+    handoffs = counter(first, 'handoffs')
+    job = queue.enqueue('tests.jobs.add', tag, 1)
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, what='the job done')
+
+    def settled() -> bool:
+        # The watcher hands the watch on after its take, and the waiter that pops the baton
+        # logs its wake-up before it claims the watch: wait until a watcher holds it in a new
+        # term (or the first one still does, having handed nothing on).
+        if conn.llen(keys.baton_key(SET_ID)) or not conn.get(keys.watch_key(SET_ID)):
+            return False
+        holder = watcher(conn, fleet)
+        if holder is first and counter(first, 'handoffs') == handoffs:
+            return True
+        return counter(holder, 'watch_terms') > terms[holder.pid]
+
+    wait_for(settled, 30, what='the watch held again')
+    return {worker.pid: counter(worker, 'wakeups') - before[worker.pid] for worker in fleet}
+
+
+def test_a_job_starts_within_a_sweep_interval_after_the_idle_watcher_is_killed(conn, start_worker) -> None:
+    interval = 3
+    fleet = start_fleet(start_worker, conn, 3, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
+    dead = watcher(conn, fleet)
+    dead.kill()
+    job = Queue(QUEUES[2], connection=conn).enqueue('tests.jobs.add', 1, 2)
+    # Every idle worker takes once per dequeue timeout (at most one sweep interval); the margin
+    # covers the start of the job's work-horse on a busy machine.
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, interval + 10, what='the job done')
+    # And another worker takes over the watch once the dead one's expires.
+    wait_for(
+        lambda: conn.get(keys.watch_key(SET_ID)) not in (None, dead_name(conn, dead)),
+        2 * interval + 10,
+        what='a new watcher',
+    )
+
+
+def dead_name(conn: redis.Redis, dead: WorkerProcess) -> bytes | None:
+    for key in conn.smembers(keys.workers_key()):
+        if int(conn.hget(key, 'pid') or 0) == dead.pid:
+            return key.decode().rsplit(':', 1)[-1].encode()
+    return None
+
+
+def test_an_idle_fleet_rides_through_a_restart(conn, server, start_worker) -> None:
+    fleet = start_fleet(start_worker, conn, 4, {})
+    before = sum(counter(worker, 'wakeups') for worker in fleet)
+    server.restart(down_for=1.0)
+    client = server.client()
+    jobs = [Queue(name, connection=client).enqueue('tests.jobs.add', 1, i) for i, name in enumerate(QUEUES * 2)]
+    for job in jobs:
+        wait_for(lambda job=job: job.get_status(refresh=True) == JobStatus.FINISHED, 60, what='every job done')
+    assert all(worker.proc.poll() is None for worker in fleet)
+    # No storm when the server came back: each job wakes at most two workers.
+    assert sum(counter(worker, 'wakeups') for worker in fleet) - before <= 2 * len(jobs)
+    client.close()
+
+
+def test_each_queue_is_swept_about_once_per_interval_by_four_workers(conn, start_worker) -> None:
+    interval = 1  # the fixture's
+    fleet = start_fleet(start_worker, conn, 4, {})
+
+    def granted() -> dict[str, int]:
+        return {name: int(conn.hget(keys.tickets_key(), f'count:{name}') or 0) for name in QUEUES}
+
+    def server_seconds() -> float:
+        seconds, micros = conn.time()
+        return seconds + micros / 1e6
+
+    wait_for(lambda: all(granted().values()), 30, what='every queue swept once')
+    first, started = granted(), server_seconds()
+    wait_for(lambda: server_seconds() - started >= 6, 30, interval=0.2, what='six seconds of server time')
+    last, elapsed = granted(), server_seconds() - started
+    for name in QUEUES:
+        sweeps = last[name] - first[name]
+        # One ticket per queue per interval (less a tenth), fleet-wide; without the ticket
+        # every worker would sweep every queue: 4 per interval.
+        assert 1 <= sweeps <= elapsed / (0.9 * interval) + 1, (name, sweeps, elapsed)
+    assert all(worker.proc.poll() is None for worker in fleet)
+
+
+def test_rq_epoch_sweep_judges_whenever_asked(conn) -> None:
+    """The cron sweep takes no ticket: right after a worker's ticket, it still judges."""
+    from rq_epoch import Sweeper
+    from rq_epoch.tickets import take_tickets
+
+    assert take_tickets(conn, ['fleet-cron'], 60).granted == ('fleet-cron',)
+    assert take_tickets(conn, ['fleet-cron'], 60).granted == ()
+    report = Sweeper(conn).sweep(['fleet-cron'])
+    assert report.queues == ['fleet-cron']
+
+
+def test_a_worker_started_while_writes_are_refused_waits_and_then_works(conn, server, start_worker) -> None:
+    """``rq worker`` started while the primary answers NOREPLICAS (min-replicas-to-write, no replica)."""
+    conn.config_set('min-replicas-to-write', 1)
+    try:
+        worker = start_worker(*QUEUES, env={'RQ_EPOCH_STARTUP_WAIT': '120'})
+        wait_for(lambda: 'waiting for it' in worker.output(), 60, what='the worker waiting for the server')
+        assert 'NOREPLICAS' in worker.output()
+        assert worker.proc.poll() is None
+    finally:
+        conn.config_set('min-replicas-to-write', 0)
+    job = Queue(QUEUES[0], connection=conn).enqueue('tests.jobs.add', 2, 2)
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 60, what='the job done')
+    assert worker.proc.poll() is None
+    assert 'the server is back' in worker.output()
+    assert worker.output().count('waiting for it') == 1
+
+
+def test_a_worker_started_while_the_server_is_down_waits_and_then_works(conn, server, tmp_path: Path) -> None:
+    """A program that makes rq-epoch's worker itself, started while the server is down.
+
+    (``rq worker`` asks the server whether workers are suspended before it makes the
+    worker: with the server down it exits before any rq-epoch code runs.)
+    """
+    server.stop()
+    log = tmp_path / 'worker.log'
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1', RQ_EPOCH_STARTUP_WAIT='120')
+    env.update({'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_LEASE_MARGIN': '2', 'RQ_EPOCH_SWEEP_INTERVAL': '1'})
+    with open(log, 'wb') as out:
+        proc = subprocess.Popen(
+            [sys.executable, '-m', 'tests.launch_worker', server.url, *QUEUES],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
+    try:
+        try:
+            wait_for(lambda: 'waiting for it' in log.read_text(), 60, what='the worker waiting for the server')
+            assert proc.poll() is None
+        finally:
+            server.start()
+        client = server.client()
+        job = Queue(QUEUES[0], connection=client).enqueue('tests.jobs.add', 2, 2)
+        wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 60, what='the job done')
+        assert proc.poll() is None
+        assert 'the server is back' in log.read_text()
+        assert log.read_text().count('waiting for it') == 1
+        client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_startup_wait_is_bounded(conn, start_worker) -> None:
+    conn.config_set('min-replicas-to-write', 1)
+    try:
+        worker = start_worker(*QUEUES, env={'RQ_EPOCH_STARTUP_WAIT': '1'})
+        assert worker.proc.wait(60) != 0
+        assert 'waiting for it' in worker.output()
+        assert 'did not come back within 1s' in worker.output()
+    finally:
+        conn.config_set('min-replicas-to-write', 0)
