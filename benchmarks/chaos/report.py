@@ -76,6 +76,24 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
             f'| {r["callbacks_run"]} | {r["jobs_with_two_outcomes"]} '
             f'| {r["stale_outcomes_landed"]} ({r["stale_outcomes_refused"] if result.side == EPOCH else "n/a"}) |'
         )
+    lines += [
+        '',
+        '| side | deaths that should count (in the band) | counted | uncounted | counted wrongly '
+        '| deaths a restart or failover came first for |',
+        '|' + '---|' * 6,
+    ]
+    for result in results:
+        r = result.row()
+        if result.side != EPOCH:
+            lines.append(
+                f'| {result.side} | {r["deaths_should_count"]} ({r["deaths_band"]}) | n/a | n/a | n/a '
+                f'| {r["deaths_exempt"]} |'
+            )
+            continue
+        lines.append(
+            f'| {result.side} | {r["deaths_should_count"]} ({r["deaths_band"]}) | {r["deaths_counted"]} '
+            f'| {r["deaths_uncounted"]} | {r["deaths_counted_wrongly"]} | {r["deaths_exempt"]} |'
+        )
     return '\n'.join(lines)
 
 
