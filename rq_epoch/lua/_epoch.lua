@@ -186,7 +186,7 @@ local function note_alive(prefix, run_id, uptime, now, primary)
   local term = string.match(info_value(rcall('INFO', 'replication'), 'master_replid') or '', '^%w*')
   if last == nil or replid ~= term or now < last then first = now end
   rcall('HSET', key, run_id, string.format('%.6f %s %.6f', now, term, first))
-  if value == nil and rcall('HLEN', key) > ALIVE_KEEP then
+  if not value and rcall('HLEN', key) > ALIVE_KEEP then
     local entries, oldest, oldest_at = rcall('HGETALL', key), nil, nil
     for i = 1, #entries, 2 do
       local at = alive_fields(entries[i + 1]) or 0
