@@ -138,14 +138,17 @@ def test_a_live_worker_rides_through_a_restart_longer_than_its_lease(conn, serve
     queue = Queue('live', connection=conn)
     log = tmp_path / 'log'
     job = queue.enqueue('tests.jobs.sleep_and_record', str(log), 'r', 8, max_stalled=1)
-    worker = start_worker('live')  # sweeps every second, grace 4 s
-    start_worker('live')  # idle, sweeping every second too
+    # Sweeping every second; a lease of 5 s and a grace of 15 s, so that a loaded machine's late
+    # heartbeat or slow reconnection is not what the test measures.
+    env = {'RQ_EPOCH_LEASE_MARGIN': '4', 'RQ_EPOCH_RESTART_GRACE': '15'}
+    worker = start_worker('live', env=env)
+    start_worker('live', env=env)  # idle, sweeping every second too
     wait_for(lambda: executions(log, 'r') == 1, 30, what='the job function running')
     old = server.run_id()
-    server.restart(down_for=4, crash=True)  # longer than the 3 s lease
+    server.restart(down_for=6, crash=True)  # longer than the lease
     conn = server.client()
     deadline = deadline_of(conn, 'live', job.id)
-    assert deadline is not None and not seen_after(conn, old, deadline)
+    assert deadline is not None and not seen_after(conn, old, deadline), worker.output()
     wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
     job = Job.fetch(job.id, connection=conn)
     assert executions(log, 'r') == 1
