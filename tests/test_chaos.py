@@ -298,3 +298,19 @@ def test_the_truth_of_each_death_counts_a_lease_that_ran_out_before_the_restart(
     )  # fmt: skip
     assert any('though every death should have counted' in v for v in check_invariants([pill_job], cfg))
     assert not check_invariants([replace(pill_job, deaths_count=2, deaths_exempt=1)], cfg)
+
+
+def test_stalls_counted_by_a_later_process_are_found_in_the_logs(tmp_path: Path) -> None:
+    from benchmarks.chaos.audit import counted_by_a_later_process
+
+    a, b = 'a' * 40, 'b' * 40
+    (tmp_path / 'worker-0-1.log').write_text(
+        f'12:00:01 sweep: job j1 queue q verdict recovered stalled 1/3 lease_epoch {a} run_id {b}\n'
+        f'12:00:02 sweep: job j2 queue q verdict recovered stalled 1/3 lease_epoch {b} run_id {b}\n'
+        f'12:00:03 sweep: job j3 queue q verdict exempt stalled 0/3 lease_epoch {a} run_id {b}\n'
+    )
+    (tmp_path / 'sweeper.jsonl').write_text(
+        json.dumps({'job_id': 'j1', 'verdict': 'recovered', 'stalled': 1, 'lease_epoch': a, 'run_id': b}) + '\n'
+        + json.dumps({'job_id': 'j4', 'verdict': 'dead', 'stalled': 3, 'lease_epoch': a, 'run_id': b}) + '\n'
+    )  # fmt: skip
+    assert counted_by_a_later_process(tmp_path) == 2  # j1 once, j4

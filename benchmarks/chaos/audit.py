@@ -124,6 +124,34 @@ def read_takes(folder: Path, events: list[dict[str, Any]]) -> dict[str, list[tup
     return takes
 
 
+#: rq-epoch's log line of a counted verdict (``_LOG_VERDICT_MSG`` in ``rq_epoch/sweep.py``).
+_COUNTED_LINE = re.compile(
+    r'sweep: job (\S+) queue \S+ verdict (?:recovered|dead) stalled (\d+)/\d+ lease_epoch (\S*) run_id (\S+)'
+)
+
+
+def counted_by_a_later_process(folder: Path) -> int:
+    """Counted verdicts (recovered, dead) given by a server process other than the one that stamped
+    the lease: deaths counted after a restart or failover, by the record of life. From the
+    workers' logs and the cron sweeper's records; each (job, stall count) once."""
+    found: set[tuple[str, str]] = set()
+    for log in sorted(folder.glob('worker-*.log')):
+        for line in log.read_text(errors='replace').splitlines():
+            match = _COUNTED_LINE.search(line)
+            if match and match.group(3) != match.group(4):
+                found.add((match.group(1), match.group(2)))
+    sweeps = folder / 'sweeper.jsonl'
+    if sweeps.exists():
+        for line in sweeps.read_text(errors='replace').splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get('verdict') in ('recovered', 'dead') and record.get('lease_epoch') != record.get('run_id'):
+                found.add((str(record.get('job_id')), str(record.get('stalled'))))
+    return len(found)
+
+
 def held_faults(attempts: list[Attempt], takes: list[tuple[int, int]], events: list[dict[str, Any]]) -> int:
     """Kills and freezes of workers that held the job after their log named it, and never began
     it: at most one per worker, none for a worker with an execution of the job in the ledger
@@ -381,7 +409,8 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         for job_id in sorted({v.split(':', 1)[0] for v in violations}):
             histories[job_id] = job_history(job_id, client, run, jobs, ledger_lines, events)
     refused = sum(int(client.hget(keys.stats_key(name), 'refused') or 0) for name in cfg.queue_names)
-    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused)
+    across = counted_by_a_later_process(run.folder) if side == EPOCH else 0
+    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused, across)
 
 
 def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:

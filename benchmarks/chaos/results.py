@@ -84,6 +84,9 @@ class SideResult:
     max_stalled: int
     #: Outcomes the fence refused (rq-epoch's per-queue counter; 0 for stock).
     refused: int = 0
+    #: Stalls counted by a server process other than the one that stamped the lease (rq-epoch):
+    #: deaths whose lease ran out before a restart or failover, counted after it.
+    counted_later: int = 0
 
     def row(self) -> dict[str, Any]:
         """The audit table's row, as numbers and short texts."""
@@ -127,6 +130,16 @@ class SideResult:
             'deaths_counted': sum(j.stalled for j in self.jobs),
             'deaths_uncounted': sum(j.deaths_uncounted for j in self.jobs),
             'deaths_counted_wrongly': sum(j.deaths_counted_wrongly for j in self.jobs),
+            'deaths_counted_later': self.counted_later,
+            'pill_deaths': [
+                {
+                    'executions': p.executions,
+                    'should_count': p.deaths_count,
+                    'band': p.deaths_band,
+                    'restart_first': p.deaths_exempt,
+                }
+                for p in pills
+            ],
             'uncounted_recoveries': sum(j.exempt for j in self.jobs),
             'callbacks_run': sum(j.callbacks for j in self.jobs),
             'jobs_with_two_outcomes': sum(1 for j in self.jobs if j.results > 1),
