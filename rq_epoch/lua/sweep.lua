@@ -56,6 +56,7 @@
 --              not seen alive after the deadline
 --   recovered  counted, budget left               -> stalled + 1, requeued at front
 --   dead       counted, budget gone               -> stalled + 1, failed, awaiting finish
+--   deferred   uncounted, but the server is younger than the grace: left for later
 --
 -- Counted: the stamp is this process, or another process whose record in
 -- <prefix>:epoch:alive (note_alive in _epoch.lua) shows it serving as primary after the
@@ -63,7 +64,6 @@
 -- delayed its verdict. Such a lease is judged at once, without the restart grace. Its
 -- stall is recorded under the stamp's process in stall_epochs. Each call that judges also
 -- notes this process alive (at most once a second).
---   deferred   uncounted, but the server is younger than the grace: left for later
 --
 -- RQ's records of the execution go with the entry. For a ghost or a job key of another
 -- type, whose lease names no execution that can be read, those are the records of every
