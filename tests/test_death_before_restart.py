@@ -142,8 +142,9 @@ def test_a_live_worker_rides_through_a_restart_longer_than_its_lease(conn, serve
     # heartbeat or slow reconnection is not what the test measures.
     env = {'RQ_EPOCH_LEASE_MARGIN': '4', 'RQ_EPOCH_RESTART_GRACE': '15'}
     worker = start_worker('live', env=env)
-    start_worker('live', env=env)  # idle, sweeping every second too
     wait_for(lambda: executions(log, 'r') == 1, 30, what='the job function running')
+    idle = start_worker('live', env=env)  # sweeping every second too
+    wait_for(lambda: 'ubscribing to channel' in idle.output(), 30, what='the idle worker up')
     old = server.run_id()
     server.restart(down_for=6, crash=True)  # longer than the lease
     conn = server.client()
@@ -153,7 +154,8 @@ def test_a_live_worker_rides_through_a_restart_longer_than_its_lease(conn, serve
     job = Job.fetch(job.id, connection=conn)
     assert executions(log, 'r') == 1
     assert (job.stalled, job.exempt_recoveries) == (0, 0)
-    assert worker.proc.poll() is None
+    assert worker.proc.poll() is None, worker.output()
+    assert job.worker_name and job.worker_name in worker.output()
     stats = conn.hgetall(keys.stats_key('live'))
     assert b'recovered' not in stats and b'dead' not in stats and b'exempt' not in stats
 
