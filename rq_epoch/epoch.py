@@ -6,9 +6,15 @@ of the server process it is talking to now:
 
 * the same process: the lease ran out while the server was up, so the worker really
   went away. The stall is *counted*.
-* anything else (another process, no stamp at all, an empty string): the lease crossed
-  a server restart or failover, or was written before rq-epoch was installed. The lease
-  is *exempt*: the job is requeued and its stall count is left alone.
+* another process that was still serving as primary after the lease's deadline, by its
+  own record of when it was last seen alive (:class:`SeenAlive`, ``<prefix>:epoch:alive``):
+  the lease ran out under a live server, and the restart or failover only delayed the
+  verdict. The stall is *counted*, at once (no restart grace). The deadline and the record
+  are both that process's own ``TIME``: no two clocks are compared.
+* anything else (another process not seen alive after the deadline, no stamp at all, an
+  empty string): the lease may have crossed a server restart or failover, or was written
+  before rq-epoch was installed. The lease is *exempt*: the job is requeued and its stall
+  count is left alone.
 
 This module is pure: no I/O. The server-side scripts in ``rq_epoch/lua/`` apply the
 same rule in Lua; the tests check both against the same vectors.
@@ -17,8 +23,22 @@ same rule in Lua; the tests check both against the same vectors.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-__all__ = ['is_counted', 'is_exempt', 'is_valid_run_id', 'parse_run_id']
+__all__ = [
+    'ALIVE_MARGIN',
+    'SeenAlive',
+    'died_under',
+    'is_counted',
+    'is_exempt',
+    'is_valid_run_id',
+    'parse_run_id',
+    'parse_seen_alive',
+]
+
+#: Seconds by which a process's last sign of life must pass a lease's deadline for the lease
+#: to count as run out under it (against rounding: both are written with six decimals).
+ALIVE_MARGIN = 0.01
 
 RUN_ID_LENGTH = 40
 _RUN_ID_RE = re.compile(f'[0-9a-f]{{{RUN_ID_LENGTH}}}')
@@ -44,20 +64,75 @@ def parse_run_id(info_server: str) -> str | None:
     return None
 
 
-def is_counted(lease_epoch: str | bytes | None, current_run_id: str | bytes) -> bool:
+@dataclass(frozen=True)
+class SeenAlive:
+    """A server process's record of life (``<prefix>:epoch:alive``, field its run_id).
+
+    ``last``: when it was last seen serving as primary; ``first``: when that term as primary
+    was first seen (a demotion and a promotion start a new term); both its own ``TIME``.
+    """
+
+    last: float
+    first: float
+    replid: str = ''
+
+
+def parse_seen_alive(value: str | bytes | None) -> SeenAlive | None:
+    """Read a record's value ``"<last> <master_replid> <first>"``; None when it has another shape."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode('ascii', 'replace')
+    parts = value.split(' ')
+    if len(parts) != 3:
+        return None
+    try:
+        return SeenAlive(last=float(parts[0]), first=float(parts[2]), replid=parts[1])
+    except ValueError:
+        return None
+
+
+def died_under(deadline: float | None, seen: SeenAlive | None) -> bool:
+    """Whether a lease with this deadline ran out while its process was serving, as its record shows.
+
+    The deadline falls within the recorded term, more than :data:`ALIVE_MARGIN` before the
+    process's last sign of life.
+    """
+    if deadline is None or seen is None:
+        return False
+    return seen.first <= deadline and deadline + ALIVE_MARGIN < seen.last
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def is_counted(
+    lease_epoch: str | bytes | None,
+    current_run_id: str | bytes,
+    *,
+    deadline: float | None = None,
+    seen_alive: SeenAlive | None = None,
+) -> bool:
     """Return True when an expired lease stamped ``lease_epoch`` is a real stall.
 
-    That is exactly when the stamp is present and byte-equal to the current, valid run_id.
+    That is when the stamp is present and byte-equal to the current, valid run_id; or when it
+    names another process whose record ``seen_alive`` (of the stamp's process) shows it
+    serving as primary after the lease's ``deadline`` (see :func:`died_under`).
     """
-    if lease_epoch is None or not is_valid_run_id(current_run_id):
+    if not lease_epoch or not is_valid_run_id(current_run_id):
         return False
-    if isinstance(lease_epoch, str):
-        lease_epoch = lease_epoch.encode()
-    if isinstance(current_run_id, str):
-        current_run_id = current_run_id.encode()
-    return lease_epoch == current_run_id
+    if _as_bytes(lease_epoch) == _as_bytes(current_run_id):
+        return True
+    return died_under(deadline, seen_alive)
 
 
-def is_exempt(lease_epoch: str | bytes | None, current_run_id: str | bytes) -> bool:
-    """Return True when an expired lease crossed a restart or failover (or was never stamped)."""
-    return not is_counted(lease_epoch, current_run_id)
+def is_exempt(
+    lease_epoch: str | bytes | None,
+    current_run_id: str | bytes,
+    *,
+    deadline: float | None = None,
+    seen_alive: SeenAlive | None = None,
+) -> bool:
+    """Return True when an expired lease may have crossed a restart or failover (or was never stamped)."""
+    return not is_counted(lease_epoch, current_run_id, deadline=deadline, seen_alive=seen_alive)

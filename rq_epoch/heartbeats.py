@@ -16,7 +16,7 @@ import redis.exceptions
 from rq.job import Job as RQJob
 from rq.utils import now
 
-from . import compat, scripts
+from . import compat, keys, scripts
 from .compat import text
 from .errors import RqEpochError
 from .fence import Fence
@@ -81,7 +81,7 @@ class Heartbeats(FencedOutcomes):
             scripts.grant()(
                 self.connection,
                 registry.grant_keys(job.id),
-                [job.id, self.get_heartbeat_ttl(job), execution.id],
+                [job.id, self.get_heartbeat_ttl(job), execution.id, keys.PREFIX],
             )
         cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
         return execution
@@ -187,7 +187,7 @@ class Heartbeats(FencedOutcomes):
             if isinstance(extend_result, redis.exceptions.NoScriptError):
                 scripts.load_all(connection)
                 extend_result = scripts.extend()(
-                    connection, registry.extend_keys(job.id), [job.id, max(ttl, 1), execution.id]
+                    connection, registry.extend_keys(job.id), [job.id, max(ttl, 1), execution.id, keys.PREFIX]
                 )
             elif isinstance(extend_result, redis.exceptions.ResponseError):
                 scripts.raise_typed(extend_result)

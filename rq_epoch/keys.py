@@ -23,6 +23,7 @@ __all__ = [
     'QUEUE_PREFIX',
     'REGISTRIES',
     'KeyFamily',
+    'alive_key',
     'committed_key',
     'execution_key',
     'failed_key',
@@ -141,6 +142,15 @@ def finishing_key() -> str:
 def primaries_key() -> str:
     """Hash of primary epochs: ``<run_id>:<replid>`` -> first seen as primary (server time) and replicas seen."""
     return f'{PREFIX}:epoch:primaries'
+
+
+def alive_key() -> str:
+    """Hash of server processes' last signs of life as primary: ``<run_id>`` -> ``"<last> <replid> <first>"``.
+
+    Written by the scripts (at most once a second per server), read by the sweep to count a
+    lease that ran out before a restart or failover (``note_alive`` in ``lua/_epoch.lua``).
+    """
+    return f'{PREFIX}:epoch:alive'
 
 
 # -- RQ's keys -----------------------------------------------------------------------------

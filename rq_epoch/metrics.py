@@ -15,8 +15,9 @@ round trip what it reads
 =========  =================================================================================
 1          :func:`rq_epoch.server.read_epoch`: ``INFO server`` (the run_id)
 2          pipelined: ``TIME``, ``INFO replication``, the primaries record
-           (``<prefix>:epoch:primaries``, for the age of the epoch) and the members of
-           ``<prefix>:queues``
+           (``<prefix>:epoch:primaries``, for the age of the epoch), the record of life
+           (``<prefix>:epoch:alive``, for leases of an earlier process that ran out while it
+           served) and the members of ``<prefix>:queues``
 3          per queue, pipelined: the counters hash, the leases, RQ's started registry, the
            head of the queue, the newest entries of the failed registry
 4          pipelined ``HMGET`` of every job seen in 3 (left out when there is none)
@@ -166,6 +167,7 @@ def read_snapshot(
         pipeline.time()
         pipeline.info('replication')
         pipeline.hgetall(keys.primaries_key())
+        pipeline.hgetall(keys.alive_key())
         if not queues:
             pipeline.smembers(keys.queues_key())
         head = pipeline.execute()
@@ -174,7 +176,8 @@ def read_snapshot(
     state = primary_state(current, head[1], head[2], now)
     current = replace(current, role=state.role)
     age = epoch_age(state)
-    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(head[3])
+    seen_alive = {text(k): epoch.parse_seen_alive(v) for k, v in head[3].items()}
+    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(head[4])
     snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
     if not names:
         return snapshot
@@ -240,7 +243,7 @@ def read_snapshot(
         for match, deadline in lease_entries:
             row = jobs.get(match.group(1)) if match else None
             if deadline <= now:
-                q.leases[_lease_state(match, row, current.run_id, age, grace)] += 1
+                q.leases[_lease_state(match, row, current.run_id, age, grace, deadline, seen_alive)] += 1
             if match and row is not None and _waiting_with_stalls(row):
                 stalled.add(match.group(1))
         for job_id in queued_ids:
@@ -262,14 +265,21 @@ def _waiting_with_stalls(row: tuple[str | None, ...]) -> bool:
 
 
 def _lease_state(
-    match: re.Match[str] | None, row: tuple[str | None, ...] | None, run_id: str, age: int, grace: int
+    match: re.Match[str] | None,
+    row: tuple[str | None, ...] | None,
+    run_id: str,
+    age: int,
+    grace: int,
+    deadline: float | None = None,
+    seen_alive: dict[str, epoch.SeenAlive | None] | None = None,
 ) -> str:
     """The verdict the next sweep would give an expired lease, as a state of ``rq_epoch_leases``.
 
     The same rule as the sweep script: a lease of a job that is gone, ended or started again
     under another execution is stale (the sweep only drops the entry); a lease stamped by the
-    current server process is counted; any other lease is uncounted, and deferred while the
-    epoch is younger than the restart grace.
+    current server process, or by one whose record of life (``seen_alive``, by run_id) shows it
+    serving after the lease's ``deadline``, is counted; any other lease is uncounted, and
+    deferred while the epoch is younger than the restart grace.
     """
     if match is None or row is None:
         return 'expired-stale'
@@ -286,7 +296,8 @@ def _lease_state(
         never_started = True  # granted, then its worker died before starting it: never counted
     else:
         return 'expired-stale'
-    if not never_started and epoch.is_counted(lease_epoch, run_id):
+    seen = (seen_alive or {}).get(lease_epoch or '')
+    if not never_started and epoch.is_counted(lease_epoch, run_id, deadline=deadline, seen_alive=seen):
         return 'expired-counted'
     return 'deferred' if age < grace else 'expired-uncounted'
 

@@ -44,9 +44,11 @@ class StartedJobRegistry(RQStartedJobRegistry):
         Without ``xx`` (an execution starting) RQ's entry is written and the grant script
         queued; with ``xx`` (a heartbeat) only the extend script is, which also gives RQ's
         entry its "no expiry" score again, so that a heartbeat sends no more commands than
-        RQ's own. :attr:`extend_index` says where the extend script's answer is.
+        RQ's own. :attr:`extend_index` says where the extend script's answer is. Both
+        scripts also note the server alive as primary (at most once a second per server; see
+        ``note_alive`` in ``lua/_epoch.lua``), in the same command.
         """
-        lease_args = [execution.job_id, max(int(ttl), 1), execution.id]
+        lease_args = [execution.job_id, max(int(ttl), 1), execution.id, keys.PREFIX]
         if xx:
             self.extend_index = len(pipeline)
             scripts.extend().queue(pipeline, self.extend_keys(execution.job_id), lease_args)

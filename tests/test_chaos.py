@@ -168,9 +168,12 @@ def test_a_worker_killed_after_taking_a_job_it_never_began_accounts_for_the_coun
     assert sorted({pid for pid, _ in takes['h1']}) == [101, 102]
     ran = [Attempt(1, 202, 102, took + 5, took + 5.2)]
     assert held_faults(ran, takes['h1'], events) == 1
-    job = JobAudit('h1', 'healthy', 'finished', 'finished', ran, 0, 1, 0, 0, 1, '', 'finished', held_faults=1)
+    # The audit puts such a fault in the band of the truth (the job may not have started).
+    job = JobAudit(
+        'h1', 'healthy', 'finished', 'finished', ran, 0, 1, 0, 0, 1, '', 'finished', held_faults=1, deaths_band=1
+    )
     assert check_invariants([job], Config()) == []
-    assert check_invariants([replace(job, held_faults=0)], Config()) == [
+    assert check_invariants([replace(job, held_faults=0, deaths_band=0)], Config()) == [
         'h1: 1 counted stall(s) but only 0 kill/freeze of its workers'
     ]
     # a fault before the worker took the job does not count
@@ -247,3 +250,67 @@ def test_small_sentinel_chaos_run_keeps_every_rq_epoch_invariant(tmp_path: Path)
     assert (row['pills_dead'], row['pill_stalls']) == (1, [2])
     assert set(row['superseded_executions']) <= {'kill'}
     assert not list((tmp_path / 'w').glob('*/topology')), 'the run removes its folders'
+
+
+def test_the_truth_of_each_death_counts_a_lease_that_ran_out_before_the_restart() -> None:
+    """A death counts when its lease (3 s past the last heartbeat) ran out a sweep interval
+    before the next restart or failover; not when the boundary came a sweep interval before
+    the earliest deadline; in between it is in the band, reported apart."""
+    from benchmarks.chaos.audit import judge_death, judge_deaths
+
+    cfg = replace(small_config(), lease_margin=2)  # heartbeat 1 s, lease 3 s, sweeps every 1 s
+    events = [
+        {'kind': 'server-down', 't': 100.0},
+        {'kind': 'server-up', 't': 102.0},
+        {'kind': 'failover', 't': 200.0},
+        {'kind': 'promoted', 't': 201.0},
+    ]
+    assert judge_death(90.0, cfg, events) == 'count'  # deadline by 93, restart at 100
+    assert judge_death(95.9, cfg, events) == 'count'  # deadline by 98.9: noted before 100
+    assert judge_death(96.5, cfg, events) == 'band'  # deadline by 99.5: the note may not come in time
+    assert judge_death(98.5, cfg, events) == 'band'  # deadline from 100.5 on
+    assert judge_death(99.5, cfg, events) == 'exempt'  # deadline from 101.5 on: the restart came first
+    assert judge_death(101.0, cfg, events) == 'exempt'  # died while the server was down
+    assert judge_death(150.0, cfg, events) == 'count'
+    assert judge_death(200.5, cfg, events) == 'band'  # during the failover
+    assert judge_death(199.8, cfg, events) == 'band'  # the last heartbeat may have crossed it
+    assert judge_death(198.5, cfg, events) == 'band'  # deadline from 200.5 on, before the promotion seen
+    assert judge_death(300.0, cfg, events) == 'count'  # no boundary after it
+    frozen = [{'kind': 'primary-freeze', 't': 50.0}, {'kind': 'promoted', 't': 53.0}]
+    assert judge_death(45.0, cfg, frozen) == 'count'
+    assert judge_death(48.5, cfg, frozen) == 'band'
+    pill = Attempt(1, 10, 11, 90.0, reason='poison pill')
+    killed = Attempt(2, 12, 13, 97.0, reason='kill')
+    cut = Attempt(3, 14, 15, 99.0, reason='restart')  # not a death
+    kill = {'kind': 'kill', 't': 99.5, 'pid': 13, 'horses': [12]}
+    assert judge_deaths([pill, killed, cut], [150.0], cfg, [*events, kill]) == (1, 1, 1)
+    # Counted beyond the truth and its band is a violation; uncounted is reported.
+    base = JobAudit('h1', 'healthy', 'finished', 'finished', [], 0, 1, 0, 0, 1, '', 'finished', deaths_count=1)
+    assert base.deaths_counted_wrongly == 0 and base.deaths_uncounted == 0
+    # Two kills, one of them just before a restart: two counted stalls are one too many.
+    wrong = replace(base, stalled=2, deaths_exempt=1, attempts=[killed, replace(killed, n=3), Attempt(4, 1, 2, 150.0)])
+    assert wrong.deaths_counted_wrongly == 1
+    assert any('but only 1 death(s) that should count' in v for v in check_invariants([wrong], cfg))
+    assert replace(base, stalled=0).deaths_uncounted == 1
+    pill_job = JobAudit(
+        'p1', 'pill', 'failed', 'failed', [Attempt(i, i, i, float(i), reason='poison pill') for i in range(3)],
+        0, 2, 1, 0, 1, '', 'failed', deaths_count=3,
+    )  # fmt: skip
+    assert any('though every death should have counted' in v for v in check_invariants([pill_job], cfg))
+    assert not check_invariants([replace(pill_job, deaths_count=2, deaths_exempt=1)], cfg)
+
+
+def test_stalls_counted_by_a_later_process_are_found_in_the_logs(tmp_path: Path) -> None:
+    from benchmarks.chaos.audit import counted_by_a_later_process
+
+    a, b = 'a' * 40, 'b' * 40
+    (tmp_path / 'worker-0-1.log').write_text(
+        f'12:00:01 sweep: job j1 queue q verdict recovered stalled 1/3 lease_epoch {a} run_id {b}\n'
+        f'12:00:02 sweep: job j2 queue q verdict recovered stalled 1/3 lease_epoch {b} run_id {b}\n'
+        f'12:00:03 sweep: job j3 queue q verdict exempt stalled 0/3 lease_epoch {a} run_id {b}\n'
+    )
+    (tmp_path / 'sweeper.jsonl').write_text(
+        json.dumps({'job_id': 'j1', 'verdict': 'recovered', 'stalled': 1, 'lease_epoch': a, 'run_id': b}) + '\n'
+        + json.dumps({'job_id': 'j4', 'verdict': 'dead', 'stalled': 3, 'lease_epoch': a, 'run_id': b}) + '\n'
+    )  # fmt: skip
+    assert counted_by_a_later_process(tmp_path) == 2  # j1 once, j4

@@ -233,6 +233,45 @@ def test_worker_lost_then_failover_is_finished_once_by_another_worker_never_coun
     assert len(moved_lines(second)) == 1
 
 
+def test_worker_lost_lease_expired_then_failover_is_counted_by_the_promoted_replica(fleet, tmp_path: Path) -> None:
+    """The old primary was seen alive after the lease ran out; the promoted replica, which has
+    that record by replication, counts the death at once (no restart grace)."""
+    from rq_epoch import epoch
+
+    f = fleet()
+    old = f.topology.current_primary()
+    client = old.client()
+    queue = Queue('gone', connection=client)
+    log = tmp_path / 'log'
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'g', str(tmp_path / 'never'), max_stalled=3)
+    victim = f.worker('gone', env={'RQ_EPOCH_SWEEP_INTERVAL': '3600'})
+    wait_for(lambda: executions(log, 'g')[0] == 1, 30, what='job function running')
+    # A busy worker on another queue, sweeping never: its heartbeats note the primary alive.
+    keep = Queue('keep', connection=client).enqueue(
+        'tests.jobs.wait_for_file_then_record', str(tmp_path / 'keep-log'), 'k', str(tmp_path / 'keep-release')
+    )
+    f.worker('keep', env={'RQ_EPOCH_SWEEP_INTERVAL': '3600'})
+    wait_for(lambda: keep.get_status(refresh=True) == JobStatus.STARTED, 30, what='the keeper job running')
+    old_run_id = old.run_id()
+    victim.kill()
+    deadline = float(wait_for(lambda: client.zscore(keys.leases_key('gone'), job.id), 5, what='the lease'))
+    replica = f.topology.replica.client()
+
+    def proven_on_the_replica() -> bool:
+        seen = epoch.parse_seen_alive(replica.hget(keys.alive_key(), old_run_id))
+        return epoch.died_under(deadline, seen) and replica.zscore(keys.leases_key('gone'), job.id) == deadline
+
+    wait_for(proven_on_the_replica, 20, what='the replica to hold the record of life past the deadline')
+    _, new = f.topology.failover()
+    new_client = new.client()
+    assert new_client.hget(job.key, 'lease_epoch') == old_run_id.encode()
+    report = Sweeper(new_client, restart_grace=3600).sweep(['gone'])
+    assert [(v.verdict, v.stalled) for v in report.verdicts if v.job_id == job.id] == [('recovered', 1)]
+    job = Job.fetch(job.id, connection=new_client)
+    assert (job.stalled, job.exempt_recoveries) == (1, 0)
+    assert new_client.hget(job.key, 'stall_epochs') == old_run_id.encode()
+
+
 def test_frozen_primary_promoted_then_thawed_no_counted_stall_no_failure(fleet, tmp_path: Path) -> None:
     f = fleet()
     old = f.topology.current_primary()

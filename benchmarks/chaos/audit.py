@@ -124,12 +124,47 @@ def read_takes(folder: Path, events: list[dict[str, Any]]) -> dict[str, list[tup
     return takes
 
 
+#: rq-epoch's log line of a counted verdict (``_LOG_VERDICT_MSG`` in ``rq_epoch/sweep.py``).
+_COUNTED_LINE = re.compile(
+    r'sweep: job (\S+) queue \S+ verdict (?:recovered|dead) stalled (\d+)/\d+ lease_epoch (\S*) run_id (\S+)'
+)
+
+
+def counted_by_a_later_process(folder: Path) -> int:
+    """Counted verdicts (recovered, dead) given by a server process other than the one that stamped
+    the lease: deaths counted after a restart or failover, by the record of life. From the
+    workers' logs and the cron sweeper's records; each (job, stall count) once."""
+    found: set[tuple[str, str]] = set()
+    for log in sorted(folder.glob('worker-*.log')):
+        for line in log.read_text(errors='replace').splitlines():
+            match = _COUNTED_LINE.search(line)
+            if match and match.group(3) != match.group(4):
+                found.add((match.group(1), match.group(2)))
+    sweeps = folder / 'sweeper.jsonl'
+    if sweeps.exists():
+        for line in sweeps.read_text(errors='replace').splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get('verdict') in ('recovered', 'dead') and record.get('lease_epoch') != record.get('run_id'):
+                found.add((str(record.get('job_id')), str(record.get('stalled'))))
+    return len(found)
+
+
 def held_faults(attempts: list[Attempt], takes: list[tuple[int, int]], events: list[dict[str, Any]]) -> int:
     """Kills and freezes of workers that held the job after their log named it, and never began
     it: at most one per worker, none for a worker with an execution of the job in the ledger
     (those are the executions' own reasons)."""
+    return len(held_fault_times(attempts, takes, events))
+
+
+def held_fault_times(
+    attempts: list[Attempt], takes: list[tuple[int, int]], events: list[dict[str, Any]]
+) -> list[float]:
+    """The times of the faults :func:`held_faults` counts."""
     ran = {a.ppid for a in attempts}
-    hit = 0
+    hit: list[float] = []
     for pid in sorted({pid for pid, _ in takes} - ran):
         first = min(second for p, second in takes if p == pid)
         for e in events:
@@ -139,9 +174,80 @@ def held_faults(attempts: list[Attempt], takes: list[tuple[int, int]], events: l
                 if second < first - 43_200:  # the run went past midnight
                     second += 86_400
                 if second >= first:
-                    hit += 1
+                    hit.append(float(e['t']))
                     break
     return hit
+
+
+def death_time(attempt: Attempt, events: list[dict[str, Any]]) -> float | None:
+    """When the fault named by an execution's reason hit it: the pill's start, or the kill or
+    freeze that :func:`explain` found (the earliest that named its horse, else its worker)."""
+    if attempt.reason == 'poison pill':
+        return attempt.start
+    if attempt.reason not in ('kill', 'freeze'):
+        return None
+    faults = [e for e in events if e['kind'] == attempt.reason]
+    hit = [e for e in faults if attempt.pid in e.get('horses', [])]
+    hit = hit or [e for e in faults if e.get('pid') == attempt.ppid and e['t'] >= attempt.start - 0.05]
+    return min(float(e['t']) for e in hit) if hit else None
+
+
+def boundaries(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Moments after which a lease's granting process no longer serves the dataset, as
+    (from, to): a restart (its server-down event), a failover (asked, until the promotion seen),
+    a frozen primary (frozen, until the promotion seen)."""
+    out = [(down, down) for down, _ in _outages(events)]
+    start: float | None = None
+    for e in events:
+        if e['kind'] in ('failover', 'primary-freeze'):
+            start = e['t']
+        elif e['kind'] == 'failover-refused':
+            start = None
+        elif e['kind'] == 'promoted' and start is not None:
+            out.append((start, e['t']))
+            start = None
+    if start is not None:
+        out.append((start, float('inf')))
+    return sorted(out)
+
+
+def judge_death(t: float, cfg: Config, events: list[dict[str, Any]]) -> str:
+    """Whether a worker's death at ``t`` should count: ``count``, ``exempt`` or ``band``.
+
+    The lease's last heartbeat was at most one heartbeat before the death (or before the server
+    went down, for a death during an outage), so its deadline lies one lease after that. The
+    death should count when that deadline passed while the granting process still served, at
+    least one sweep interval before the next restart or failover (the scripts note the server
+    alive about once a second, and a sweep judges at once); it should not when the deadline
+    came at least one sweep interval after it; in between, it is in the band.
+    """
+    heartbeat, lease, band = float(cfg.heartbeat), cfg.lease(EPOCH), float(cfg.sweep_interval)
+    last_lo, last_hi, during_outage = t - heartbeat, t, False
+    for down, up in _outages(events):
+        if down <= t <= up:
+            last_lo, last_hi, during_outage = down - heartbeat, down, True
+    deadline_lo, deadline_hi = last_lo + lease, last_hi + lease
+    ahead = [b for b in boundaries(events) if b[1] >= last_lo]
+    if not ahead:
+        return 'count'
+    start, end = ahead[0]
+    if start <= last_hi and not during_outage:
+        return 'band'  # the last heartbeat may have gone to either side of the boundary
+    if deadline_hi + band < start:
+        return 'count'
+    if deadline_lo - band > end:
+        return 'exempt'
+    return 'band'
+
+
+def judge_deaths(
+    attempts: list[Attempt], held: list[float], cfg: Config, events: list[dict[str, Any]]
+) -> tuple[int, int, int]:
+    """(should count, in the band, should not) over a job's deaths. A fault on a worker that
+    held the job and never began it is in the band: the job may not have started (a lease of
+    a job that never started is never counted)."""
+    verdicts = Counter(judge_death(t, cfg, events) for a in attempts if (t := death_time(a, events)) is not None)
+    return verdicts['count'], verdicts['band'] + len(held), verdicts['exempt']
 
 
 def _failovers(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -270,6 +376,8 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         if job_attempts and state not in ('finished',):
             # What ended the last execution of a job that did not finish.
             job_attempts[-1].reason = explain(job_attempts[-1], None, spec.kind == 'pill', events)
+        held = held_fault_times(job_attempts, takes.get(spec.id, []), events)
+        should, band, exempt = judge_deaths(job_attempts, held, cfg, events)
         jobs.append(
             JobAudit(
                 id=spec.id,
@@ -285,7 +393,10 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
                 failure=failure,
                 where=where,
                 worker_results=worker_results,
-                held_faults=held_faults(job_attempts, takes.get(spec.id, []), events),
+                held_faults=len(held),
+                deaths_count=should,
+                deaths_band=band,
+                deaths_exempt=exempt,
             )
         )
     violations: list[str] = []
@@ -298,7 +409,8 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         for job_id in sorted({v.split(':', 1)[0] for v in violations}):
             histories[job_id] = job_history(job_id, client, run, jobs, ledger_lines, events)
     refused = sum(int(client.hget(keys.stats_key(name), 'refused') or 0) for name in cfg.queue_names)
-    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused)
+    across = counted_by_a_later_process(run.folder) if side == EPOCH else 0
+    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused, across)
 
 
 def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
@@ -329,6 +441,11 @@ def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
                     f'{job.id}: poison pill ran {job.executions} times for {job.stalled} counted stalls and '
                     f'{job.exempt} uncounted recoveries'
                 )
+            elif job.deaths_band == job.deaths_exempt == 0 and job.executions != cfg.max_stalled:
+                out.append(
+                    f'{job.id}: poison pill ran {job.executions} times, not {cfg.max_stalled}, though every death '
+                    'should have counted (no restart or failover within a lease of one)'
+                )
         for attempt in job.attempts[:-1]:
             if attempt.reason not in allowed:
                 out.append(
@@ -337,10 +454,14 @@ def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:
                 )
         if job.stale_outcomes:
             out.append(f'{job.id}: {job.stale_outcomes} outcome(s) of a superseded execution landed')
-        if job.kind == 'healthy':
-            hits = sum(1 for a in job.attempts[:-1] if a.reason in ('kill', 'freeze')) + job.held_faults
-            if job.stalled > hits:
-                out.append(f'{job.id}: {job.stalled} counted stall(s) but only {hits} kill/freeze of its workers')
+        hits = sum(1 for a in job.attempts[:-1] if a.reason in ('kill', 'freeze')) + job.held_faults
+        if job.kind == 'healthy' and job.stalled > hits:
+            out.append(f'{job.id}: {job.stalled} counted stall(s) but only {hits} kill/freeze of its workers')
+        elif job.deaths_counted_wrongly:
+            out.append(
+                f'{job.id}: {job.stalled} counted stall(s) but only {job.deaths_count} death(s) that should count '
+                f'and {job.deaths_band} in the band'
+            )
     return out
 
 

@@ -76,6 +76,29 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
             f'| {r["callbacks_run"]} | {r["jobs_with_two_outcomes"]} '
             f'| {r["stale_outcomes_landed"]} ({r["stale_outcomes_refused"] if result.side == EPOCH else "n/a"}) |'
         )
+    lines += [
+        '',
+        '| side | deaths that should count (in the band) | counted (of them after a restart or failover) '
+        '| uncounted | counted wrongly | deaths a restart or failover came first for '
+        '| poison pills: executions (deaths that should count / in the band / restart first) |',
+        '|' + '---|' * 7,
+    ]
+    for result in results:
+        r = result.row()
+        pills = ', '.join(
+            f'{p["executions"]} ({p["should_count"]}/{p["band"]}/{p["restart_first"]})' for p in r['pill_deaths']
+        )
+        if result.side != EPOCH:
+            lines.append(
+                f'| {result.side} | {r["deaths_should_count"]} ({r["deaths_band"]}) | n/a | n/a | n/a '
+                f'| {r["deaths_exempt"]} | {pills or "-"} |'
+            )
+            continue
+        lines.append(
+            f'| {result.side} | {r["deaths_should_count"]} ({r["deaths_band"]}) '
+            f'| {r["deaths_counted"]} ({r["deaths_counted_later"]}) '
+            f'| {r["deaths_uncounted"]} | {r["deaths_counted_wrongly"]} | {r["deaths_exempt"]} | {pills or "-"} |'
+        )
     return '\n'.join(lines)
 
 

@@ -41,6 +41,23 @@ class JobAudit:
     #: Kills and freezes of workers that took the job (their log names it) but never began it
     #: (no execution of theirs in the ledger): a worker hit between its take and its horse.
     held_faults: int = 0
+    #: The truth about its executions' deaths (kills, freezes, pill starts; see
+    #: ``audit.judge_deaths``): leases that ran out while the server process that granted
+    #: them served, and before any restart or failover (should count); those the boundary
+    #: came first for (should not); those within one sweep interval of a boundary (the band).
+    deaths_count: int = 0
+    deaths_band: int = 0
+    deaths_exempt: int = 0
+
+    @property
+    def deaths_uncounted(self) -> int:
+        """Deaths that should count and were not counted."""
+        return max(0, self.deaths_count - self.stalled)
+
+    @property
+    def deaths_counted_wrongly(self) -> int:
+        """Counted stalls beyond every death that should or may count."""
+        return max(0, self.stalled - self.deaths_count - self.deaths_band)
 
     @property
     def stale_outcomes(self) -> int:
@@ -67,6 +84,9 @@ class SideResult:
     max_stalled: int
     #: Outcomes the fence refused (rq-epoch's per-queue counter; 0 for stock).
     refused: int = 0
+    #: Stalls counted by a server process other than the one that stamped the lease (rq-epoch):
+    #: deaths whose lease ran out before a restart or failover, counted after it.
+    counted_later: int = 0
 
     def row(self) -> dict[str, Any]:
         """The audit table's row, as numbers and short texts."""
@@ -104,6 +124,22 @@ class SideResult:
             'never_ran': sum(1 for j in healthy if j.executions == 0),
             'retries_spent': sum(j.retries_spent for j in self.jobs),
             'counted_stalls_healthy': sum(j.stalled for j in healthy),
+            'deaths_should_count': sum(j.deaths_count for j in self.jobs),
+            'deaths_band': sum(j.deaths_band for j in self.jobs),
+            'deaths_exempt': sum(j.deaths_exempt for j in self.jobs),
+            'deaths_counted': sum(j.stalled for j in self.jobs),
+            'deaths_uncounted': sum(j.deaths_uncounted for j in self.jobs),
+            'deaths_counted_wrongly': sum(j.deaths_counted_wrongly for j in self.jobs),
+            'deaths_counted_later': self.counted_later,
+            'pill_deaths': [
+                {
+                    'executions': p.executions,
+                    'should_count': p.deaths_count,
+                    'band': p.deaths_band,
+                    'restart_first': p.deaths_exempt,
+                }
+                for p in pills
+            ],
             'uncounted_recoveries': sum(j.exempt for j in self.jobs),
             'callbacks_run': sum(j.callbacks for j in self.jobs),
             'jobs_with_two_outcomes': sum(1 for j in self.jobs if j.results > 1),

@@ -56,6 +56,8 @@ class Demo:
         self.stories: list[Story] = []
         #: Whether a given server already had rq-epoch's record of primary epochs (kept if so).
         self.had_primaries_record = True
+        #: Whether it already had rq-epoch's record of life (kept if so).
+        self.had_alive_record = True
 
     def say(self, text: str) -> None:
         """Tell one line of the story, with the time since the demo started."""
@@ -88,6 +90,7 @@ class Demo:
             )
             read_epoch(self.connection)  # a clear error when INFO is refused
             self.had_primaries_record = bool(self.connection.exists(keys.primaries_key()))
+            self.had_alive_record = bool(self.connection.exists(keys.alive_key()))
             info = self.connection.info('server')
             self.echo(f'rq-epoch demo against {self._where()} ({self._version(info)}); it will not be restarted')
         else:
@@ -162,6 +165,8 @@ class Demo:
                     conn.zrem(keys.finishing_key(), _text(member))
             if not self.had_primaries_record:  # the demo's sweeps wrote it
                 conn.delete(keys.primaries_key())
+            if not self.had_alive_record:  # the demo's heartbeats, grants and sweeps wrote it
+                conn.delete(keys.alive_key())
 
     def close(self) -> int:
         """Stop everything this run started and remove its folder; return how many processes were killed."""

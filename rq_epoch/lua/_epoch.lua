@@ -148,3 +148,69 @@ local function primary_epoch(run_id, uptime, now, key, write)
   end
   return state
 end
+
+-- note_alive(prefix, run_id, uptime, now, primary)
+--   Records that this server process is alive and serving as primary, at `now` (its own
+--   TIME): the hash <prefix>:epoch:alive, field run_id, value
+--   "<last seen> <master_replid> <first seen in that term>". The sweep reads it to count a
+--   lease stamped by this process that another process judges after a restart or failover
+--   (seen_alive below). Written at most once per ALIVE_EVERY seconds per server: the stored
+--   time is compared first (one HGET), and only when it is due are INFO replication and
+--   the primaries record read. Nothing is written by a server that is not a primary, or a
+--   primary that is cut off from the replicas it had in its epoch (primary.isolated: a
+--   demoted primary that the sentinels did not convert yet, whose writes none will keep).
+--   A new replication id (the process was demoted and promoted again) or a clock that
+--   went back starts the term afresh: "first" is then this note's time, so a deadline that
+--   fell between two terms is never taken for one seen in the later term.
+--   `primary` is the caller's primary_epoch state when it has one (the sweep), else nil.
+--   At most ALIVE_KEEP processes are remembered; a new one forgets the least recently seen.
+local ALIVE_EVERY = 1
+local ALIVE_KEEP = 8
+
+-- "<last> <replid> <first>" -> last, replid, first (nil when the value has another shape).
+local function alive_fields(value)
+  if not value then return nil end
+  local last, replid, first = string.match(value, '^(%S+) (%w*) (%S+)$')
+  last, first = tonumber(last), tonumber(first)
+  if not last or not first then return nil end
+  return last, replid, first
+end
+
+local function note_alive(prefix, run_id, uptime, now, primary)
+  local key = prefix .. ':epoch:alive'
+  local value = rcall('HGET', key, run_id)
+  local last, replid, first = alive_fields(value)
+  if last and now >= last and now < last + ALIVE_EVERY then return end
+  if primary == nil then primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', false) end
+  if primary.role ~= 'master' or primary.isolated then return end
+  local term = string.match(info_value(rcall('INFO', 'replication'), 'master_replid') or '', '^%w*')
+  if last == nil or replid ~= term or now < last then first = now end
+  rcall('HSET', key, run_id, string.format('%.6f %s %.6f', now, term, first))
+  if not value and rcall('HLEN', key) > ALIVE_KEEP then
+    local entries, oldest, oldest_at = rcall('HGETALL', key), nil, nil
+    for i = 1, #entries, 2 do
+      local at = alive_fields(entries[i + 1]) or 0
+      if entries[i] ~= run_id and (oldest_at == nil or at < oldest_at) then oldest, oldest_at = entries[i], at end
+    end
+    if oldest then rcall('HDEL', key, oldest) end
+  end
+end
+
+-- seen_alive(prefix, stamp) -> last, first   (or nil when the process has no record)
+--   When the process `stamp` was last seen serving as primary, and when its term began,
+--   by its own clock (see note_alive).
+local function seen_alive(prefix, stamp)
+  local last, _, first = alive_fields(rcall('HGET', prefix .. ':epoch:alive', stamp))
+  return last, first
+end
+
+-- ALIVE_MARGIN: seconds by which "last seen" must pass a deadline (against rounding; both
+-- are the same process's TIME, written with six decimals).
+local ALIVE_MARGIN = 0.01
+
+-- died_under(deadline, last, first) -> whether a lease whose deadline is `deadline` ran out
+--   while its process was serving as primary, as far as its record shows: the deadline
+--   falls within the recorded term, by more than ALIVE_MARGIN before its last sign of life.
+local function died_under(deadline, last, first)
+  return deadline ~= nil and last ~= nil and first <= deadline and deadline + ALIVE_MARGIN < last
+end

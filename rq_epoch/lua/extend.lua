@@ -15,6 +15,9 @@
 -- ARGV[1]  job id (the lease member)
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 -- ARGV[3]  execution id
+-- ARGV[4]  optional: RQ key prefix ("rq"); with it, the script notes that this server is
+--          alive as primary in <prefix>:epoch:alive (note_alive in _epoch.lua: at most once
+--          a second per server, the sweep's proof that a lease ran out before a restart)
 --
 -- Returns {1, run_id, deadline, ''} when extended. When the lease is not this
 -- execution's (gone, or held by a newer execution) it returns
@@ -30,7 +33,7 @@
 local leases_key, job_key, wip_key = KEYS[1], KEYS[2], KEYS[3]
 local job_id, execution = ARGV[1], ARGV[3]
 
-local run_id, _, err = current_epoch()
+local run_id, uptime, err = current_epoch()
 if err then return redis.error_reply(err) end
 
 local function lost()
@@ -43,7 +46,9 @@ if held[1] ~= execution then return lost() end
 
 -- ZADD XX CH answers 0 for a lease that is gone, or (hardly ever) for one whose deadline
 -- did not change: only then is ZSCORE needed to tell the two apart.
-local deadline = server_now() + tonumber(ARGV[2])
+local now = server_now()
+if ARGV[4] then note_alive(ARGV[4], run_id, uptime, now) end
+local deadline = now + tonumber(ARGV[2])
 if rcall('ZADD', leases_key, 'XX', 'CH', deadline, job_id) == 0
     and not rcall('ZSCORE', leases_key, job_id) then
   return lost()

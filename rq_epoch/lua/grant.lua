@@ -16,6 +16,8 @@
 -- ARGV[1]  job id (the lease member)
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 -- ARGV[3]  execution id
+-- ARGV[4]  optional: RQ key prefix ("rq"); with it, the script notes that this server is
+--          alive as primary (note_alive in _epoch.lua, at most once a second per server)
 --
 -- Returns {1, run_id, deadline} when granted; {0, run_id, 0} when the job hash is gone
 -- (nothing is written then). Errors with EPOCH_UNAVAILABLE when the server yields no
@@ -38,7 +40,7 @@
 local leases_key, job_key, intermediate_key, limbo_key, wip_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local job_id, execution = ARGV[1], ARGV[3]
 
-local run_id, _, err = current_epoch()
+local run_id, uptime, err = current_epoch()
 if err then return redis.error_reply(err) end
 
 if rcall('EXISTS', job_key) == 0 then
@@ -49,7 +51,9 @@ if wip_key then
   local previous = rcall('HGET', job_key, 'lease_execution')
   if previous and previous ~= execution then rcall('ZREM', wip_key, job_id .. ':' .. previous) end
 end
-local deadline = server_now() + tonumber(ARGV[2])
+local now = server_now()
+if ARGV[4] then note_alive(ARGV[4], run_id, uptime, now) end
+local deadline = now + tonumber(ARGV[2])
 rcall('ZADD', leases_key, deadline, job_id)
 rcall('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
 if limbo_key then

@@ -38,6 +38,9 @@
 --   <prefix>:queues                             RQ's set of queues (the queue registered)
 --   <prefix>:failed:<queue>                     RQ's FailedJobRegistry (dead letters)
 --   <prefix>:epoch:primaries                    when this process became primary (_epoch.lua)
+--   <prefix>:epoch:alive                        when each process was last seen serving as
+--                                               primary (_epoch.lua; read, and written at most
+--                                               once a second)
 --
 -- Expired entries are read from three places: rq-epoch's leases (deadline <= TIME), the
 -- leases of 0.2.0 workers (KEYS[5], judged alike), and RQ's StartedJobRegistry entries
@@ -50,9 +53,17 @@
 --   settled    job no longer started, or another  -> entry removed, job untouched
 --              execution holds it
 --   exempt     stamp missing or another process   -> requeued at front, stalled unchanged
---   recovered  stamp is this process, budget left -> stalled + 1, requeued at front
---   dead       stamp is this process, budget gone -> stalled + 1, failed, awaiting finish
+--              not seen alive after the deadline
+--   recovered  counted, budget left               -> stalled + 1, requeued at front
+--   dead       counted, budget gone               -> stalled + 1, failed, awaiting finish
 --   deferred   uncounted, but the server is younger than the grace: left for later
+--
+-- Counted: the stamp is this process, or another process whose record in
+-- <prefix>:epoch:alive (note_alive in _epoch.lua) shows it serving as primary after the
+-- lease's deadline: the lease ran out under a live server, and a restart or failover only
+-- delayed its verdict. Such a lease is judged at once, without the restart grace. Its
+-- stall is recorded under the stamp's process in stall_epochs. Each call that judges also
+-- notes this process alive (at most once a second).
 --
 -- RQ's records of the execution go with the entry. For a ghost or a job key of another
 -- type, whose lease names no execution that can be read, those are the records of every
@@ -104,6 +115,7 @@ local legacy_offset = tonumber(ARGV[10]) or 0
 local now = server_now()
 local primary, judges = judging_primary(run_id, uptime, now, prefix, dry)
 if not judges then return reply(run_id, uptime, now, primary, 0, 0, 0, 0) end
+if not dry then note_alive(prefix, run_id, uptime, now, primary) end
 
 local queue_key = prefix .. ':queue:' .. queue
 -- Where an entry was read: a job's lease, a 0.2.0 lease, RQ's registry (a stock worker).
@@ -165,6 +177,23 @@ local function bury(job_key, job_id, stalled, epochs, taken_field)
              taken_field, 'dead')
   rcall('ZADD', prefix .. ':failed:' .. queue, now + ttl, job_id)
   rcall('ZADD', finishing_key, 0, queue .. '|' .. job_id)
+end
+
+-- Whether a lease stamped by another process ran out while that process was serving as
+-- primary: its deadline (the lease's score, that process's TIME) falls within its recorded
+-- term, before its last sign of life (seen_alive / died_under in _epoch.lua). Each stamp's
+-- record is read once per call.
+local alive_records = {}
+local function died_before(kind, member, stamp)
+  if not stamp or stamp == '' or stamp == run_id then return false end
+  local seen = alive_records[stamp]
+  if seen == nil then
+    local last, first = seen_alive(prefix, stamp)
+    seen = last and {last = last, first = first} or false
+    alive_records[stamp] = seen
+  end
+  if not seen then return false end
+  return died_under(tonumber(rcall('ZSCORE', source_key[kind], member)), seen.last, seen.first)
 end
 
 -- True while the leases being judged hold no ':' (checked once for the batch in the loop below).
@@ -234,8 +263,12 @@ local function judge(kind, member)
     return record(member, 'settled', stalled, max_stalled, epoch, dry)
   end
 
-  local counted = (not never_started) and epoch and epoch == run_id
-  if (counted and primary.returning and primary.age < grace) or (not counted and primary.age < grace) then
+  -- Counted: stamped by this process, or by one whose record shows it still serving as
+  -- primary after the lease ran out (died_before: the restart only delayed the verdict,
+  -- so no grace either).
+  local here = (not never_started) and epoch and epoch == run_id
+  local counted = here or ((not never_started) and died_before(kind, member, epoch))
+  if (here and primary.returning and primary.age < grace) or (not counted and primary.age < grace) then
     -- Uncounted, or stamped by this process in an earlier term as primary: wait for the grace.
     left = left + 1
     return record(member, 'deferred', stalled, max_stalled, epoch, dry)
@@ -250,7 +283,7 @@ local function judge(kind, member)
 
   stalled = stalled + 1
   local epochs = f[7]
-  if epochs and epochs ~= '' then epochs = epochs .. ',' .. run_id else epochs = run_id end
+  if epochs and epochs ~= '' then epochs = epochs .. ',' .. epoch else epochs = epoch end
   if stalled < max_stalled then
     if not dry then
       drop(kind, member, job_id, exec_id)
