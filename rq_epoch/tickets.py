@@ -44,7 +44,7 @@ def ticket_min_age_ms(interval: float) -> int:
 def take_tickets(connection: Redis, queue_names: Sequence[str], interval: float) -> SweepTickets:
     """Ask for the sweep tickets of ``queue_names`` (one script call); returns the queues won."""
     names = list(queue_names)
-    reply = scripts.ticket()(connection, [keys.tickets_key()], [ticket_min_age_ms(interval), *names])
+    reply = scripts.ticket()(connection, [keys.tickets_key()], [ticket_min_age_ms(interval), keys.PREFIX, *names])
     flags = [int(flag) for flag in reply[1:]]
     return SweepTickets(
         now_ms=int(reply[0]), granted=tuple(name for name, flag in zip(names, flags, strict=True) if flag)

@@ -7,6 +7,7 @@ import redis
 
 from rq_epoch import Queue, epoch, keys, scripts
 from rq_epoch.registry import StartedJobRegistry
+from rq_epoch.tickets import take_tickets
 from tests.conftest import wait_for
 from tests.leases import current_run_id, start_job
 
@@ -90,3 +91,14 @@ def test_a_dry_run_sweep_writes_no_record(conn: redis.Redis) -> None:
     assert not conn.exists(keys.alive_key())
     Sweeper(conn, restart_grace=0).sweep(['life'])
     assert record(conn, current_run_id(conn)) is not None
+
+
+def test_an_idle_workers_sweep_ticket_notes_the_server_alive(conn: redis.Redis) -> None:
+    """Idle workers run no heartbeat: their ticket call every sweep interval keeps the record fresh."""
+    run_id = current_run_id(conn)
+    conn.hdel(keys.alive_key(), run_id)
+    before = server_time(conn)
+    take_tickets(conn, ['life-a', 'life-b'], 5)
+    seen = record(conn, run_id)
+    assert seen is not None
+    assert before - 0.002 <= seen.last <= server_time(conn)

@@ -12,7 +12,12 @@
 --          in milliseconds of the queue's last ticket, "count:<queue>" how many tickets
 --          the queue was granted
 -- ARGV[1]  minimum age in milliseconds of a queue's last ticket for a new one
--- ARGV[2..n+1]  the queue names
+-- ARGV[2]  RQ key prefix ("rq"): the script also notes that this server is alive as primary
+--          (note_alive in _epoch.lua, at most once a second per server), so an idle fleet
+--          keeps the record of life fresh, which lets a death whose lease ran out before a
+--          restart be counted after it. A server that yields no valid run_id is not noted
+--          (the sweep itself reports that).
+-- ARGV[3..n+2]  the queue names
 --
 -- A last ticket later than now (the primary changed to one whose clock is behind) does
 -- not hold the queue back: a ticket is granted.
@@ -20,15 +25,19 @@
 -- Returns {now_ms, g1, ..., gn}: the server time in milliseconds, then 1 for each queue
 -- whose ticket the caller was granted (its "at:" field is now now_ms), else 0.
 
-local rcall = redis.call  -- read from a local, not the global table
+-- @include _epoch.lua
 
 local tickets_key = KEYS[1]
 local min_age = tonumber(ARGV[1])
+local prefix = ARGV[2]
 local time = rcall('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
+local run_id, uptime = current_epoch()
+if run_id then note_alive(prefix, run_id, uptime, now / 1000) end
+
 local reply = {now}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local name = ARGV[i]
   local last = tonumber(rcall('HGET', tickets_key, 'at:' .. name))
   if last == nil or now - last >= min_age or last > now then
