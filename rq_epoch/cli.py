@@ -1,5 +1,5 @@
 """The ``rq-epoch`` command: ``sweep`` for cron, ``status`` to look, ``exporter`` for Prometheus,
-``demo`` to see it work.
+``worker`` to start RQ's worker so that it waits for a server that is down, ``demo`` to see it work.
 
 Connection options are RQ's own (``--url/-u`` and ``RQ_REDIS_URL``, ``--config/-c`` with
 ``REDIS_URL`` or a ``SENTINEL`` dict, ``--connection-class``, ``--path/-P``,
@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+import redis.exceptions
+from click.core import ParameterSource
 
 from . import __version__, keys
 from .cli_config import CliConfig, F, fail, pass_cli_config, server_errors
 from .errors import ConfigurationError, RqEpochError
-from .formatting import format_job, format_primary, format_status, format_sweep
+from .formatting import format_job, format_primary, format_status, format_sweep, one_line
 from .job import Job
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from .metrics import DEFAULT_SCAN_LIMIT
@@ -368,6 +373,90 @@ def exporter(
     finally:
         logger.removeHandler(handler)
         web.stop()
+
+
+# -- worker ------------------------------------------------------------------------------
+
+#: What ``rq-epoch worker --help`` says before RQ's own help.
+WORKER_HELP_NOTE = """\
+rq-epoch worker is RQ's `rq worker` (its help follows) with two additions:
+  --worker-class rq_epoch.Worker unless -w/--worker-class or RQ_WORKER_CLASS chooses a class;
+  a start while the server is down or loading waits for it (one log line, then one when it is
+  back), up to RQ_EPOCH_STARTUP_WAIT seconds (default 300), instead of exiting.
+"""
+
+
+@main.command(context_settings={'ignore_unknown_options': True, 'help_option_names': []})
+@click.argument('args', nargs=-1, type=click.UNPROCESSED)
+def worker(args: tuple[str, ...]) -> None:
+    """Start RQ's worker (`rq worker` options and queues), waiting for the server if it is down.
+
+    Adds --worker-class rq_epoch.Worker when neither -w/--worker-class nor RQ_WORKER_CLASS
+    chooses a class. `rq worker` asks the server whether workers are suspended before it makes
+    the worker, so with the server down it exits at once; this command asks the same question
+    first and waits while the server cannot answer (one log line, then one when it is back),
+    up to RQ_EPOCH_STARTUP_WAIT seconds. Everything else is RQ's: see `rq-epoch worker --help`.
+    """
+    try:
+        limit = EpochSettings.resolve().startup_wait
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if '--help' in args:
+        click.echo(WORKER_HELP_NOTE)
+
+    def wait_for_server(connection: Redis, name: str | None) -> None:
+        from rq.suspension import is_suspended
+
+        from .worker import wait_while_unavailable
+
+        log = logging.getLogger('rq.worker')
+        started = time.monotonic()
+        try:
+            wait_while_unavailable(lambda: is_suspended(connection), limit=limit, log=log, name=name or '(starting)')
+        except (redis.exceptions.RedisError, OSError) as exc:
+            fail(f'cannot reach the server: {exc}')
+        finally:
+            connection.close()
+        # rq_epoch.Worker's own start-up wait (read-only, too few replicas) gets what is left of the time.
+        os.environ['RQ_EPOCH_STARTUP_WAIT'] = str(max(0, math.ceil(limit - (time.monotonic() - started))))
+
+    run_rq_worker(list(args), 'rq-epoch', wait_for_server)
+
+
+def run_rq_worker(args: list[str], prog_name: str, before_start: Callable[[Redis, str | None], None]) -> NoReturn:
+    """Run RQ's ``rq worker`` in this process with ``args``, after ``before_start(connection, name)``.
+
+    The one place that relies on RQ's command-line internals (the same in RQ 2.12 and 3.0):
+    the group ``rq.cli.main`` and its ``worker`` command, parsed with click's ``make_context``
+    (a bad option is RQ's usage error, exit status 2; ``--help`` prints RQ's help); the
+    parameter names ``worker_class``, ``name``, ``verbose``, ``quiet``, ``date_format`` and
+    ``log_format``; ``rq.cli.helpers.CliConfig``, made from the parsed parameters (it takes the
+    shared options by name and ignores the others), whose ``connection`` is the one ``rq
+    worker`` makes (``--url``, a ``-c`` module with ``REDIS_URL`` or ``SENTINEL``,
+    ``RQ_REDIS_URL``...); and ``setup_loghandlers_from_args``, so that lines logged before the
+    start look like the worker's.
+    """
+    from rq.cli import main as rq_main
+    from rq.cli.helpers import CliConfig as RQCliConfig
+    from rq.cli.helpers import setup_loghandlers_from_args
+
+    command = rq_main.commands['worker']
+    with command.make_context(f'{prog_name} worker', list(args)) as ctx:
+        params = dict(ctx.params)
+        if ctx.get_parameter_source('worker_class') is ParameterSource.DEFAULT:
+            params['worker_class'] = 'rq_epoch.Worker'
+            args = ['--worker-class', params['worker_class'], *args]
+        # What `rq worker` would end with a traceback (a settings module that does not import, a bad
+        # URL...) is a usage error here; the classes are checked (BadParameter) before any wait.
+        try:
+            cli_config = RQCliConfig(**params)
+            connection = cli_config.connection
+            setup_loghandlers_from_args(params['verbose'], params['quiet'], params['date_format'], params['log_format'])
+        except (ImportError, ValueError, RuntimeError) as exc:
+            raise click.UsageError(one_line(exc), ctx) from exc
+        before_start(connection, params['name'])
+    rq_main.main(args=['worker', *args], prog_name=prog_name)
+    sys.exit(0)  # not reached: RQ's command exits with its status
 
 
 # -- demo ----------------------------------------------------------------------------------

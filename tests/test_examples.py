@@ -28,6 +28,8 @@ EXAMPLES = ROOT / 'examples'
 BIN = Path(sys.executable).parent
 #: Where the examples expect the application's virtual environment.
 APP_BIN = '/opt/myapp/venv/bin/'
+#: rq_epoch.Worker's first log line (``rq-epoch worker`` chose the class).
+EPOCH_WORKER_LINE = 'rq-epoch on server epoch'
 
 
 SCRIPTS = {
@@ -93,6 +95,7 @@ def test_python_example_enqueues_jobs_with_their_stall_budgets_and_a_worker_runs
     argv = shlex.split(service['ExecStart'].replace('%H', 'examples').replace('%i', '1')) + ['--burst']
     worker = run(argv, environ(**env))
     assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert EPOCH_WORKER_LINE in worker.stdout
     assert [job.get_status(refresh=True) for job in jobs] == ['finished'] * 3
     assert jobs[0].return_value() == 'charged 4200 cents for order-1001'
 
@@ -137,7 +140,7 @@ def test_systemd_worker_unit(server: EmbeddedServer) -> None:
     parsed = unit(EXAMPLES / 'systemd' / 'rq-worker@.service')
     service = parsed['Service']
     argv = shlex.split(service['ExecStart'])
-    assert argv[1:4] == ['worker', '--worker-class', 'rq_epoch.Worker']
+    assert argv[:2] == [APP_BIN + 'rq-epoch', 'worker']
     assert service['KillSignal'] == 'SIGTERM' and service['Restart'] == 'always'
     env = systemd_environment(service['Environment'])
     assert rq_epoch.EpochSettings.resolve(environ=env).max_stalled == 3
@@ -156,12 +159,13 @@ def test_supervisor_program_runs_an_epoch_worker(server: EmbeddedServer, conn: r
     assert set(env) == {'RQ_REDIS_URL', 'RQ_EPOCH_MAX_STALLED'}
     command = program['command'].replace('%(host_node_name)s', 'examples').replace('%(process_num)s', '0')
     argv = shlex.split(command)
-    assert argv[1:4] == ['worker', '--worker-class', 'rq_epoch.Worker']
+    assert argv[:2] == [APP_BIN + 'rq-epoch', 'worker']
 
     job = Queue('default', connection=conn).enqueue('tasks.send_report', 'daily', max_stalled=2)
     env['RQ_REDIS_URL'] = server.url
     proc = run(argv + ['--burst'], environ(**env))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert EPOCH_WORKER_LINE in proc.stdout
     assert job.get_status(refresh=True) == 'finished'
 
 

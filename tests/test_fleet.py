@@ -3,22 +3,19 @@
 Real ``rq worker`` processes on several queues. The counting worker class
 (``tests.workers.EpochWorkerCountingWakes``) prints its taker's counters as they change,
 so each worker's wake-ups are read from its log; sweeps are counted on the server (the
-ticket script's grants).
+ticket script's grants). A start while the server is down, with ``rq-epoch worker``, is in
+tests/test_worker_command.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 from rq.job import JobStatus
 
 from rq_epoch import Queue, keys
-from tests.conftest import ROOT, WorkerProcess, wait_for
+from tests.conftest import WorkerProcess, wait_for
 
 COUNTING = 'tests.workers.EpochWorkerCountingWakes'
 QUEUES = ('fleet-a', 'fleet-b', 'fleet-c')
@@ -179,42 +176,6 @@ def test_a_worker_started_while_writes_are_refused_waits_and_then_works(conn, se
     assert worker.proc.poll() is None
     assert 'the server is back' in worker.output()
     assert worker.output().count('waiting for it') == 1
-
-
-def test_a_worker_started_while_the_server_is_down_waits_and_then_works(conn, server, tmp_path: Path) -> None:
-    """A program that makes rq-epoch's worker itself, started while the server is down.
-
-    (``rq worker`` asks the server whether workers are suspended before it makes the
-    worker: with the server down it exits before any rq-epoch code runs.)
-    """
-    server.stop()
-    log = tmp_path / 'worker.log'
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1', RQ_EPOCH_STARTUP_WAIT='120')
-    env.update({'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_LEASE_MARGIN': '2', 'RQ_EPOCH_SWEEP_INTERVAL': '1'})
-    with open(log, 'wb') as out:
-        proc = subprocess.Popen(
-            [sys.executable, '-m', 'tests.launch_worker', server.url, *QUEUES],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=env,
-        )
-    try:
-        try:
-            wait_for(lambda: 'waiting for it' in log.read_text(), 60, what='the worker waiting for the server')
-            assert proc.poll() is None
-        finally:
-            server.start()
-        client = server.client()
-        job = Queue(QUEUES[0], connection=client).enqueue('tests.jobs.add', 2, 2)
-        wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 60, what='the job done')
-        assert proc.poll() is None
-        assert 'the server is back' in log.read_text()
-        assert log.read_text().count('waiting for it') == 1
-        client.close()
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def test_the_startup_wait_is_bounded(conn, start_worker) -> None:
