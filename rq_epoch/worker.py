@@ -70,6 +70,8 @@ def wait_while_unavailable(
         except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
             if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):
                 raise
+            if isinstance(exc, redis.exceptions.AuthenticationError):
+                raise  # a wrong password is no outage (redis-py makes it a ConnectionError)
             waited = time.monotonic() - started
             if waited >= limit:
                 if waiting:

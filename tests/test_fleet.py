@@ -9,12 +9,16 @@ tests/test_worker_command.py.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
+import pytest
 import redis
 from rq.job import JobStatus
 
 from rq_epoch import Queue, keys
+from rq_epoch.worker import wait_while_unavailable
 from tests.conftest import WorkerProcess, wait_for
 
 COUNTING = 'tests.workers.EpochWorkerCountingWakes'
@@ -187,3 +191,17 @@ def test_the_startup_wait_is_bounded(conn, start_worker) -> None:
         assert 'did not come back within 1s' in worker.output()
     finally:
         conn.config_set('min-replicas-to-write', 0)
+
+
+def test_a_wrong_password_is_not_waited_for(conn: redis.Redis, server) -> None:
+    """The start-up wait rides out outages only: a refused password fails at once."""
+    conn.config_set('requirepass', 'the-password')  # this connection stays authenticated
+    wrong = redis.Redis(host='127.0.0.1', port=server.port, password='not-the-password')
+    started = time.monotonic()
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            wait_while_unavailable(wrong.ping, limit=60, log=logging.getLogger('rq_epoch'), name='test')
+    finally:
+        conn.config_set('requirepass', '')
+        wrong.close()
+    assert time.monotonic() - started < 30  # not the 60 s limit: nothing was waited for
