@@ -76,7 +76,7 @@ def test_a_worker_started_while_the_server_is_down_waits_and_then_works(
 @pytest.mark.parametrize(
     ('args', 'message'),
     [
-        (['--url', 'redis://127.0.0.1:1', '--no-such-option', 'q1'], "No such option '--no-such-option'"),
+        (['--url', 'redis://127.0.0.1:1', '--no-such-option', 'q1'], 'No such option'),
         (['--url', 'redis://127.0.0.1:1', '--max-jobs', 'many', 'q1'], "Invalid value for '--max-jobs'"),
         (['--url', 'redis://127.0.0.1:1', '-v', '-q', 'q1'], 'mutually exclusive'),
         (['-c', 'no_such_settings_module', 'q1'], "No module named 'no_such_settings_module'"),
@@ -95,6 +95,7 @@ def test_a_bad_option_is_a_usage_error(args: list[str], message: str) -> None:
     assert done.returncode == 2, done.stderr
     assert 'Usage: rq-epoch worker [OPTIONS] [QUEUES]...' in done.stderr
     assert message in done.stderr
+    assert args[-2] in done.stderr or args[-3] in done.stderr  # the bad option or value is named
     assert 'Traceback' not in done.stderr
 
 
