@@ -29,7 +29,8 @@ def one_line(text: object) -> str:
     return ' '.join(str(text).split())
 
 
-def _duration(seconds: int) -> str:
+def duration(seconds: float) -> str:
+    """A duration for people: ``42s``, ``3m 5s``, ``2h 1m``, ``4d 2h``."""
     seconds = max(0, int(seconds))
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
@@ -56,7 +57,7 @@ def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool 
     judged = report.total
     head = 'rq-epoch sweep --dry-run (nothing written)' if report.dry_run else 'rq-epoch sweep'
     lines = [
-        f'{head}: server epoch {report.run_id} (up {_duration(report.uptime)}), '
+        f'{head}: server epoch {report.run_id} (up {duration(report.uptime)}), '
         f'{len(report.queues)} queue(s), {judged} expired lease(s) '
         + ('would be judged' if report.dry_run else 'judged')
     ]
@@ -77,7 +78,7 @@ def format_sweep(report: SweepReport, settings: EpochSettings, *, verbose: bool 
         age = int(report.primary.age) if report.primary is not None else report.uptime
         lines.append(
             f'  {deferred} lease(s) from a previous server process wait for the restart grace '
-            f'(primary for {_duration(age)}, grace {settings.grace}s): live workers re-stamp theirs meanwhile'
+            f'(primary for {duration(age)}, grace {settings.grace}s): live workers re-stamp theirs meanwhile'
         )
     return lines
 
@@ -103,7 +104,7 @@ def format_primary(primary: PrimaryState) -> str:
     if not primary.first_seen:
         return f'primary: not yet seen as primary by a sweep (the grace starts at the first sweep); {replicas}'
     age = int(primary.age)
-    return f'primary for {_duration(age)} ({age}s) (this process, since a sweep first saw it as primary); {replicas}'
+    return f'primary for {duration(age)} ({age}s) (this process, since a sweep first saw it as primary); {replicas}'
 
 
 def format_status(
@@ -114,7 +115,7 @@ def format_status(
 ) -> list[str]:
     """The human form of ``status``."""
     lines = [
-        f'server epoch: run_id {current.run_id}, up {_duration(current.uptime)} ({current.uptime}s), '
+        f'server epoch: run_id {current.run_id}, up {duration(current.uptime)} ({current.uptime}s), '
         f'role {current.role or "unknown"}'
     ]
     if primary is not None:
@@ -157,7 +158,7 @@ def format_status(
         refused = counters.get('refused', 0)
         lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
         since = q['seconds_since_last_sweep']
-        lines.append(f'  last sweep        {_duration(int(since)) + " ago" if since is not None else "none recorded"}')
+        lines.append(f'  last sweep        {duration(int(since)) + " ago" if since is not None else "none recorded"}')
         if q['truncated']:
             lines.append(f'  (only the first {STATUS_SCAN_LIMIT} entries of each registry were read)')
     return lines

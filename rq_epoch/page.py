@@ -42,6 +42,7 @@ from rq.exceptions import NoSuchJobError
 from . import keys
 from .compat import optional_text
 from .errors import RqEpochError
+from .formatting import duration
 from .history import job_history
 from .job import Job
 from .server import read_epoch
@@ -116,21 +117,6 @@ def _newest_first(dead_letters: list[str]) -> list[str]:
 
 def _shortened(text: str) -> str:
     return text if len(text) <= SHOWN_DESCRIPTION else text[: SHOWN_DESCRIPTION - 1] + '\u2026'
-
-
-def duration(seconds: float) -> str:
-    """A duration for people: ``42s``, ``3m 5s``, ``2h 1m``, ``4d 2h``."""
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f'{days}d {hours}h'
-    if hours:
-        return f'{hours}h {minutes}m'
-    if minutes:
-        return f'{minutes}m {secs}s'
-    return f'{secs}s'
 
 
 @dataclass(frozen=True)

@@ -501,23 +501,16 @@ class Worker(Heartbeats):
         self._last_sweep = time.monotonic()
         try:
             tickets = take_tickets(self.connection, self.queue_names(), self.epoch_settings.sweep_interval)
-        except CONNECTION_ERRORS as exc:
-            self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
-            return None
-        except RqEpochError as exc:
-            self.log.error('Worker %s: sweep skipped: %s', self.name, exc)
-            return None
-        if not tickets.granted:
-            return None
-        sweeper = Sweeper(
-            self.connection,
-            settings=self.epoch_settings,
-            job_class=self.job_class,
-            serializer=self.serializer,
-            exception_handlers=self._exc_handlers,
-            death_penalty_class=self.death_penalty_class,
-        )
-        try:
+            if not tickets.granted:
+                return None
+            sweeper = Sweeper(
+                self.connection,
+                settings=self.epoch_settings,
+                job_class=self.job_class,
+                serializer=self.serializer,
+                exception_handlers=self._exc_handlers,
+                death_penalty_class=self.death_penalty_class,
+            )
             report = sweeper.sweep(tickets.granted)
         except CONNECTION_ERRORS as exc:
             self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
