@@ -19,16 +19,25 @@ queues (``EXISTS``), and the next write to any of them, by any client (stock RQ 
 included), makes the server push one invalidation message on that connection.
 
 Idle workers on the same queues do not all wait that way: one of them is the *watcher*
-of that set of queues (it holds ``<prefix>:epoch:watch:<set>``, with a TTL it refreshes
-while it waits), and only the watcher keeps tracking armed. The others block in
-``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An enqueue wakes the
-watcher alone; it takes the job, then hands the watch on (``watch.lua``: its key
-deleted, one token pushed on the baton list), and the one waiter that pops the token
-claims the watch and arms tracking. A waiter whose ``BLPOP`` times out tries to claim the
-watch, so a watcher that died is replaced within its TTL plus one wait; and every idle
-worker still takes once per dequeue timeout (at most one sweep interval), so a job
-waits no longer than that even then. An enqueue thus wakes at most two workers (the
-watcher, and the waiter it hands on to), however many wait.
+of that set of queues (it holds ``<prefix>:epoch:watch:<set>``, with a TTL of half a sweep
+interval that it refreshes while it waits), and only the watcher keeps tracking armed.
+The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An
+enqueue wakes the watcher alone; it takes the job, then hands the watch on
+(``watch.lua``: its key deleted, one token pushed on the baton list), and the one waiter
+that pops the token claims the watch and arms tracking. An enqueue thus wakes at most two
+workers (the watcher, and the waiter it hands on to), however many wait.
+
+A waiter's ``BLPOP`` lasts at most the watch's TTL, then it tries to claim the watch: a
+watcher that died (its key no longer refreshed) is replaced within its TTL plus one wait,
+half a sweep interval each, so a job enqueued right after the watcher was killed starts
+within one sweep interval.
+
+Waiters sleep: they take nothing and sweep nothing, and go back to RQ's loop (which
+heartbeats) only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by
+default), as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
+interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
+for the idle fleet. A worker alone on one queue (RQ's ``BLMOVE``) and a worker that polls
+also go back once per sweep interval: nobody watches for them.
 
 No server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING``
 gets a short poll instead (one take every :attr:`Taker.poll_interval` seconds), announced
@@ -38,6 +47,7 @@ by one warning.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -224,7 +234,8 @@ class Taker:
         log: logging.Logger | None = None,
         *,
         name: str | None = None,
-        watch_ttl: float = 10.0,
+        watch_ttl: float = 2.5,
+        sweep_interval: float = 5.0,
     ) -> None:
         self.connection = connection
         self.log = log or logger
@@ -232,6 +243,9 @@ class Taker:
         self.name = name or uuid.uuid4().hex
         #: Seconds the watch is held without a refresh; a waiter's ``BLPOP`` lasts no longer.
         self.watch_ttl = watch_ttl
+        #: Seconds the watcher (and a worker on one queue, or a polling one) waits before it
+        #: goes back to RQ's loop, which heartbeats and sweeps: the worker's sweep interval.
+        self.sweep_interval = sweep_interval
         self.counters = TakerCounters()
         self._waker: Waker | None = None
         self._polling = not self.tracking
@@ -241,6 +255,9 @@ class Taker:
         #: and when it last claimed or refreshed the watch (``time.monotonic()``).
         self._watching: str | None = None
         self._claimed_at = 0.0
+        #: When the current :meth:`dequeue_any` call goes back to RQ's loop because this taker
+        #: watches (``time.monotonic()``; None until it watches in this call).
+        self._watch_deadline: float | None = None
 
     # -- the take ------------------------------------------------------------------------
 
@@ -311,11 +328,12 @@ class Taker:
     ) -> tuple[RQJob, Queue] | None:
         queues = list(queues)
         if len(queues) == 1 and get_version(self.connection) >= (6, 2, 0):
-            # RQ moves the job into the intermediate list itself (BLMOVE), and blocks.
+            # RQ moves the job into the intermediate list itself (BLMOVE), and blocks; no
+            # longer than a sweep interval, so that RQ's loop sweeps on time.
             base: Any = queue_class.__mro__[1]
             return base.dequeue_any(
                 queues,
-                timeout,
+                None if timeout is None else max(1, min(timeout, math.ceil(self.sweep_interval))),
                 connection=connection or self.connection,
                 job_class=job_class,
                 serializer=serializer,
@@ -333,12 +351,22 @@ class Taker:
     ) -> tuple[RQJob, Queue] | None:
         """RQ's ``Queue.dequeue_any``, with the take: the next job of ``queues``, in order.
 
-        ``timeout`` None takes once and returns None when the queues are empty; otherwise
-        it waits up to ``timeout`` seconds for a job, then raises RQ's DequeueTimeout.
+        ``timeout`` None takes once and returns None when the queues are empty. Otherwise
+        ``timeout`` is RQ's dequeue timeout (``Worker.dequeue_timeout``), the longest RQ's
+        loop may go without a heartbeat, and the wait for a job ends, raising RQ's
+        DequeueTimeout, at the first of:
+
+        * ``timeout`` seconds: how long an idle worker that does not watch sleeps (it only
+          waits for the baton, see :meth:`wait`);
+        * :attr:`sweep_interval` seconds after this taker began to watch in this call (or
+          after the call began, while polling): RQ's loop then heartbeats and sweeps, so an
+          idle fleet's queues are swept by their watcher, not by every worker.
         """
         queues = list(queues)
         queue_keys = [queue.key for queue in queues]
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        self._watch_deadline = None
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
             found = self.take(queues)
             if found is not None:
@@ -350,6 +378,8 @@ class Taker:
                 return job, queue
             if deadline is None:
                 return None
+            if self._polling:  # every poller sweeps: none watches for the others
+                deadline = min(deadline, started + self.sweep_interval)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self.wait(queue_keys, remaining):
                 break  # no take at the deadline: RQ's loop heartbeats, then dequeues again
@@ -373,11 +403,14 @@ class Taker:
     def wait(self, queue_keys: Sequence[str], seconds: float) -> bool:
         """Until one of ``queue_keys`` has a job (True), or ``seconds`` have passed (False).
 
-        The watcher of these queues (see the module's docstring) waits for an invalidation;
-        a wake-up whose write left no job (another worker took it, or it was a write that
-        adds none) goes back to waiting after one ``EXISTS``, without a take. Any other
-        worker waits for the baton, then claims the watch. While polling, it returns True
-        after :attr:`poll_interval` seconds.
+        The watcher of these queues (see the module's docstring) waits for an invalidation,
+        and returns False once :attr:`sweep_interval` has passed since it began to watch in
+        the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and sweeps; a
+        wake-up whose write left no job (another worker took it, or it was a write that adds
+        none) goes back to waiting after one ``EXISTS``, without a take. Any other worker
+        sleeps: it waits for the baton, at most :attr:`watch_ttl` seconds at a time, then
+        tries to claim the watch, until it becomes the watcher or ``seconds`` have passed.
+        While polling, it returns True after :attr:`poll_interval` seconds.
         """
         deadline = time.monotonic() + seconds
         if self._reconnect and self._waker is not None:
@@ -405,6 +438,7 @@ class Taker:
         return True
 
     def _wait_watched(self, queue_keys: Sequence[str], deadline: float) -> bool:
+        """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton."""
         set_id = keys.queue_set_id(queue_keys)
         armed = False
         for _ in range(1_000_000):  # each turn waits until a job, a baton, a refresh or the deadline
@@ -416,6 +450,11 @@ class Taker:
                 if self._wait_for_baton(set_id, min(remaining, self.watch_ttl)):
                     self.counters.wakeups += 1
                 continue
+            if self._watch_deadline is None:
+                self._watch_deadline = time.monotonic() + self.sweep_interval
+            remaining = min(remaining, self._watch_deadline - time.monotonic())
+            if remaining <= 0:
+                return False  # the watcher's turn in RQ's loop: heartbeat and sweep
             if self._waker is None:
                 self._waker = Waker(self.connection)
             if not armed:
@@ -455,9 +494,16 @@ class Taker:
         return True
 
     def _watch_script(self, action: str, set_id: str, ttl_ms: int) -> bool:
-        """Call ``watch.lua``; its reply is whether this taker holds (claim) or held (pass) the watch."""
+        """Call ``watch.lua``; its reply is whether this taker holds (claim) or held (pass) the watch.
+
+        A claim (the watcher's refresh) also notes that the server is alive (the record of
+        life, see :mod:`rq_epoch.epoch`), as every lease's extension does.
+        """
         script_keys = [keys.watch_key(set_id), keys.baton_key(set_id)]
-        return int(scripts.watch()(self.connection, script_keys, [action, self.name, ttl_ms])) == 1
+        args: list[str | int] = [action, self.name, ttl_ms]
+        if action == 'claim':
+            args.append(keys.PREFIX)
+        return int(scripts.watch()(self.connection, script_keys, args)) == 1
 
     def _wait_for_baton(self, set_id: str, seconds: float) -> bool:
         """Block on the baton list up to ``seconds`` (``BLPOP`` on the main connection); True when

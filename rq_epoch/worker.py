@@ -406,8 +406,11 @@ class Worker(Heartbeats):
     def taker(self) -> Taker:
         """This worker's :class:`~rq_epoch.take.Taker` (made at the first dequeue)."""
         if self._taker is None:
+            interval = self.epoch_settings.sweep_interval
+            # The watch outlives a killed watcher by at most half an interval, and a waiter's
+            # BLPOP lasts as long: a job enqueued then starts within one interval.
             self._taker = self.taker_class(
-                self.connection, log=self.log, name=self.name, watch_ttl=self.epoch_settings.sweep_interval
+                self.connection, log=self.log, name=self.name, watch_ttl=interval / 2, sweep_interval=interval
             )
         return self._taker
 
@@ -430,11 +433,6 @@ class Worker(Heartbeats):
             self.queue_class = queue_class
 
     # -- sweeping --------------------------------------------------------------------
-
-    @property
-    def dequeue_timeout(self) -> int:
-        """Wake from the dequeue wait in time for the next sweep."""
-        return max(1, min(super().dequeue_timeout, self.epoch_settings.sweep_interval))
 
     @property
     def should_run_maintenance_tasks(self) -> bool:

@@ -3,10 +3,13 @@ often, at most once a second per server, one term per replication id, at most 8 
 
 from __future__ import annotations
 
+import pytest
 import redis
+from rq.exceptions import DequeueTimeout
 
-from rq_epoch import Queue, epoch, keys, scripts
+from rq_epoch import Job, Queue, epoch, keys, scripts
 from rq_epoch.registry import StartedJobRegistry
+from rq_epoch.take import Taker
 from rq_epoch.tickets import take_tickets
 from tests.conftest import wait_for
 from tests.leases import current_run_id, start_job
@@ -102,3 +105,25 @@ def test_an_idle_workers_sweep_ticket_notes_the_server_alive(conn: redis.Redis) 
     seen = record(conn, run_id)
     assert seen is not None
     assert before - 0.002 <= seen.last <= server_time(conn)
+
+
+def test_the_idle_watchers_refresh_notes_the_server_alive(conn: redis.Redis) -> None:
+    """An idle fleet's waiters sleep and its watcher sweeps once per interval: the watcher's
+    refresh of the watch, a few times per TTL, keeps the record as fresh as a busy fleet's."""
+    run_id = current_run_id(conn)
+    queues = [Queue(name, connection=conn) for name in ('life-a', 'life-b')]
+    taker = Taker(conn, watch_ttl=0.6)  # refreshed every 0.2 s
+    scripts.load_all(conn)
+    try:
+        with pytest.raises(DequeueTimeout):
+            taker.dequeue_any(queues, 0.5, job_class=Job)  # claims the watch (a plain SET NX)
+        conn.hdel(keys.alive_key(), run_id)
+        before = server_time(conn)
+        with pytest.raises(DequeueTimeout):
+            taker.dequeue_any(queues, 0.5, job_class=Job)  # refreshes it, with the script
+        assert taker.counters.watch_terms == 1
+        seen = record(conn, run_id)
+        assert seen is not None
+        assert before - 0.002 <= seen.last <= server_time(conn)
+    finally:
+        taker.close()

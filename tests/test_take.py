@@ -90,7 +90,7 @@ def _push_later(queue: StockQueue, delay: float) -> threading.Thread:
 
 def test_an_idle_taker_wakes_at_a_stock_enqueue_without_polling(conn) -> None:
     queues = [Queue(name, connection=conn) for name in names(3)]
-    taker = Taker(conn)
+    taker = Taker(conn, watch_ttl=10)  # no refresh of the watch within these 1 s waits
     scripts.load_all(conn)
     before = conn.info('commandstats')
     with pytest.raises(DequeueTimeout):
