@@ -27,13 +27,17 @@ enqueue wakes the watcher alone; it takes the job, then hands the watch on
 that pops the token claims the watch and arms tracking. An enqueue thus wakes at most two
 workers (the watcher, and the waiter it hands on to), however many wait.
 
-A waiter's ``BLPOP`` lasts at most the watch's TTL, then it tries to claim the watch: a
-watcher that died (its key no longer refreshed) is replaced within its TTL plus one wait,
-half a sweep interval each, so a job enqueued right after the watcher was killed starts
-within one sweep interval.
+A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
+sweep interval). One waiter, the *deputy* (``<prefix>:epoch:deputy:<set>``), blocks no
+longer than that TTL at a time and claims again after each wait, so it takes the watch
+over within a TTL of the key's expiry: a job enqueued right after the watcher was killed
+starts within one sweep interval. The watcher keeps the deputy's place filled (its
+refresh pushes a token when the place is empty). Every other waiter blocks for
+:attr:`Taker.bench_wait` seconds at a time (30 s): that bounds the wait when a watcher and
+its deputy die together.
 
-Waiters sleep: they take nothing and sweep nothing, and go back to RQ's loop (which
-heartbeats) only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by
+Waiters (the deputy among them) sleep: they take nothing and sweep nothing, and go back
+to RQ's loop (which heartbeats) only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by
 default), as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
 interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
 for the idle fleet. A worker alone on one queue (RQ's ``BLMOVE``) and a worker that polls
@@ -46,6 +50,7 @@ by one warning.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import time
@@ -68,7 +73,7 @@ if TYPE_CHECKING:
     from rq.job import Job as RQJob
     from rq.queue import Queue
 
-__all__ = ['Taker', 'TakerCounters', 'TrackingRefused', 'Waker']
+__all__ = ['Role', 'Taker', 'TakerCounters', 'TrackingRefused', 'Waker']
 
 logger = logging.getLogger('rq_epoch')
 
@@ -204,14 +209,34 @@ class Waker:
 class TakerCounters:
     """What one worker's waiting did, counted since it started (read by tests and benchmarks)."""
 
-    #: Woken by the server: an invalidation (as the watcher) or a baton (as a waiter).
+    #: Woken to read the queues: by an invalidation (as the watcher), or by a token of the
+    #: baton list that made it the watcher.
     wakeups: int = 0
+    #: Woken by a token of the baton list that made it the deputy or nothing (one claim, no
+    #: read of the queues): when a watcher's token reached the deputy, the next deputy's wake.
+    standby_wakeups: int = 0
     #: Takes that found every queue empty.
     empty_takes: int = 0
     #: Times it became the watcher of its queues.
     watch_terms: int = 0
     #: Times it handed the watch on after taking a job.
     handoffs: int = 0
+    #: Times it became the deputy (the waiter that takes over a watcher that died).
+    deputy_terms: int = 0
+    #: Calls of ``watch.lua``'s claim: the watcher's refreshes, the deputy's turns, a waiter's
+    #: claim after a token or a timeout.
+    claims: int = 0
+
+
+class Role(enum.IntEnum):
+    """A taker's place among the idle workers of a set of queues (the reply of ``watch.lua``)."""
+
+    #: Waits on the bench: a long ``BLPOP`` on the baton list.
+    NEITHER = 0
+    #: Waits for the baton with short ``BLPOP``\ s, and takes the watch over when its watcher died.
+    DEPUTY = 1
+    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
+    WATCHER = 2
 
 
 class Taker:
@@ -227,6 +252,9 @@ class Taker:
     poll_interval: float = 0.2
     #: Wait with client tracking (False: poll every :attr:`poll_interval` seconds).
     tracking: bool = True
+    #: Longest ``BLPOP`` of a waiter that is neither the watcher nor the deputy, in seconds:
+    #: a watcher and a deputy that die together are replaced within this.
+    bench_wait: float = 30.0
 
     def __init__(
         self,
@@ -251,10 +279,11 @@ class Taker:
         self._polling = not self.tracking
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
-        #: The set of queues (:func:`rq_epoch.keys.queue_set_id`) this taker watches, if any,
-        #: and when it last claimed or refreshed the watch (``time.monotonic()``).
-        self._watching: str | None = None
-        self._claimed_at = 0.0
+        #: The set of queues (:func:`rq_epoch.keys.queue_set_id`) this taker last claimed a
+        #: place in, the place, and when (``time.monotonic()``; None: claim at the next turn).
+        self._set: str | None = None
+        self._role = Role.NEITHER
+        self._claimed_at: float | None = None
         #: When the current :meth:`dequeue_any` call goes back to RQ's loop because this taker
         #: watches (``time.monotonic()``; None until it watches in this call).
         self._watch_deadline: float | None = None
@@ -441,14 +470,23 @@ class Taker:
         """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton."""
         set_id = keys.queue_set_id(queue_keys)
         armed = False
+        baton = False  # whether this turn follows a token popped from the baton list
         for _ in range(1_000_000):  # each turn waits until a job, a baton, a refresh or the deadline
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if not self._watch(set_id):
-                armed = False
-                if self._wait_for_baton(set_id, min(remaining, self.watch_ttl)):
+            role = self._claim(set_id)
+            if baton:
+                if role is Role.WATCHER:
                     self.counters.wakeups += 1
+                else:
+                    self.counters.standby_wakeups += 1
+                baton = False
+            if role is not Role.WATCHER:
+                armed = False
+                wait = self.watch_ttl if role is Role.DEPUTY else self.bench_wait
+                baton = self._wait_for_baton(set_id, min(remaining, wait))
+                self._claimed_at = None  # a token or a timeout: claim again
                 continue
             if self._watch_deadline is None:
                 self._watch_deadline = time.monotonic() + self.sweep_interval
@@ -461,49 +499,48 @@ class Taker:
                 if self._waker.arm(queue_keys):
                     return True
                 armed = True
+            assert self._claimed_at is not None
             until_refresh = self._claimed_at + self.watch_ttl / 3 - time.monotonic()
             if self._waker.wait(max(0.0, min(remaining, until_refresh))):
                 self.counters.wakeups += 1
                 armed = False  # read the queues again: that says whether the write left a job
         return False
 
-    def _watch(self, set_id: str) -> bool:
-        """Whether this taker watches ``set_id`` now: claims the watch when nobody holds it,
-        refreshes it once a third of its TTL has passed (``watch.lua``)."""
+    def _claim(self, set_id: str) -> Role:
+        """This taker's place among the idle workers of ``set_id`` (``watch.lua`` claim).
+
+        The watcher's claim is refreshed once a third of the watch's TTL has passed; any
+        other place is claimed again after each wait for the baton.
+        """
         now = time.monotonic()
-        if self._watching == set_id and now - self._claimed_at < self.watch_ttl / 3:
-            return True
+        if (
+            self._set == set_id
+            and self._role is Role.WATCHER
+            and self._claimed_at is not None
+            and now - self._claimed_at < self.watch_ttl / 3
+        ):
+            return Role.WATCHER
+        if self._set is not None and self._set != set_id:
+            self._hand_on()  # the worker's queues changed
+        role = self._watch_script('claim', set_id)
+        self.counters.claims += 1
+        if role is Role.WATCHER and not (self._set == set_id and self._role is Role.WATCHER):
+            self.counters.watch_terms += 1
+        if role is Role.DEPUTY and not (self._set == set_id and self._role is Role.DEPUTY):
+            self.counters.deputy_terms += 1
+        self._set, self._role, self._claimed_at = set_id, role, now
+        return role
+
+    def _watch_script(self, action: str, set_id: str) -> Role:
+        """Call ``watch.lua``: the caller's place (claim), or the place it left (leave)."""
+        script_keys = [keys.watch_key(set_id), keys.deputy_key(set_id), keys.baton_key(set_id)]
         ttl_ms = max(1, int(self.watch_ttl * 1000))
         try:
-            if self._watching is not None and self._watching != set_id:
-                self._hand_on()  # the worker's queues changed
-            if self._watching == set_id:
-                watching = self._watch_script('claim', set_id, ttl_ms)
-            else:  # a plain SET NX: the common case of a taker that finds the watch taken
-                watching = bool(self.connection.set(keys.watch_key(set_id), self.name, nx=True, px=ttl_ms))
+            reply = scripts.watch()(self.connection, script_keys, [action, self.name, ttl_ms, keys.PREFIX])
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
-        if not watching:
-            self._watching = None
-            return False
-        if self._watching != set_id:
-            self._watching = set_id
-            self.counters.watch_terms += 1
-        self._claimed_at = now
-        return True
-
-    def _watch_script(self, action: str, set_id: str, ttl_ms: int) -> bool:
-        """Call ``watch.lua``; its reply is whether this taker holds (claim) or held (pass) the watch.
-
-        A claim (the watcher's refresh) also notes that the server is alive (the record of
-        life, see :mod:`rq_epoch.epoch`), as every lease's extension does.
-        """
-        script_keys = [keys.watch_key(set_id), keys.baton_key(set_id)]
-        args: list[str | int] = [action, self.name, ttl_ms]
-        if action == 'claim':
-            args.append(keys.PREFIX)
-        return int(scripts.watch()(self.connection, script_keys, args)) == 1
+        return Role(int(reply))
 
     def _wait_for_baton(self, set_id: str, seconds: float) -> bool:
         """Block on the baton list up to ``seconds`` (``BLPOP`` on the main connection); True when
@@ -517,16 +554,17 @@ class Taker:
             raise
 
     def _hand_on(self) -> None:
-        """When this taker watches: give up the watch and wake one waiter to take it over.
+        """Give up this taker's place (the watch or the deputy's), and wake one waiter to take it.
 
         Called after a take found a job (the worker is busy from now on), and when the taker
-        stops. A failure only delays the handover: the watch key expires by its TTL.
+        stops. A failure only delays the handover: the key expires by its TTL.
         """
-        set_id, self._watching = self._watching, None
-        if set_id is None:
+        set_id, role = self._set, self._role
+        self._set, self._role, self._claimed_at = None, Role.NEITHER, None
+        if set_id is None or role is Role.NEITHER:
             return
         try:
-            if self._watch_script('pass', set_id, max(1, int(self.watch_ttl * 1000))):
+            if self._watch_script('leave', set_id) is Role.WATCHER:
                 self.counters.handoffs += 1
         except redis.exceptions.RedisError as exc:
             self.log.debug('rq-epoch: could not hand the watch on (%s); it expires by itself', exc)

@@ -45,12 +45,22 @@ def start_fleet(
     return fleet
 
 
-def watcher(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
-    """The worker process that holds the watch of the fleet's queues."""
-    name = conn.get(keys.watch_key(SET_ID))
+def holder(conn: redis.Redis, fleet: list[WorkerProcess], key: str) -> WorkerProcess:
+    """The worker process whose name ``key`` holds."""
+    name = conn.get(key)
     assert name is not None
     pid = int(conn.hget(keys.worker_key(name.decode()), 'pid') or 0)
     return next(worker for worker in fleet if worker.pid == pid)
+
+
+def watcher(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
+    """The worker process that holds the watch of the fleet's queues."""
+    return holder(conn, fleet, keys.watch_key(SET_ID))
+
+
+def deputy(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
+    """The worker process that stands by to take the watch over."""
+    return holder(conn, fleet, keys.deputy_key(SET_ID))
 
 
 def test_one_enqueue_wakes_at_most_two_of_eight_idle_workers(conn, start_worker) -> None:
@@ -62,16 +72,23 @@ def test_one_enqueue_wakes_at_most_two_of_eight_idle_workers(conn, start_worker)
 
     queue = Queue(QUEUES[1], connection=conn)
     for round_ in range(3):
-        woken = one_enqueue(conn, fleet, queue, round_)
+        woken, standby = one_enqueue(conn, fleet, queue, round_)
+        # At most two read the queues: the watcher, and the waiter it hands the watch on to.
         assert 1 <= sum(woken.values()) <= 2, woken
         assert sum(1 for n in woken.values() if n) <= 2, woken
+        # When the token reached the deputy, one more wakes for a claim, to be the next deputy.
+        assert sum(standby.values()) <= 1, standby
     assert all(worker.proc.poll() is None for worker in fleet)
 
 
-def one_enqueue(conn: redis.Redis, fleet: list[WorkerProcess], queue: Queue, tag: int) -> dict[int, int]:
-    """Enqueue one job into an idle fleet; the wake-ups of each worker (by pid) until the watch
-    is held again and every wake-up the job caused is logged."""
+def one_enqueue(
+    conn: redis.Redis, fleet: list[WorkerProcess], queue: Queue, tag: int
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Enqueue one job into an idle fleet; the wake-ups (to read the queues, and to stand by)
+    of each worker (by pid) until the watch is held again and every wake-up the job caused is
+    logged."""
     before = {worker.pid: counter(worker, 'wakeups') for worker in fleet}
+    standby = {worker.pid: counter(worker, 'standby_wakeups') for worker in fleet}
     terms = {worker.pid: counter(worker, 'watch_terms') for worker in fleet}
     first = watcher(conn, fleet)
     handoffs = counter(first, 'handoffs')
@@ -90,17 +107,47 @@ def one_enqueue(conn: redis.Redis, fleet: list[WorkerProcess], queue: Queue, tag
         return counter(holder, 'watch_terms') > terms[holder.pid]
 
     wait_for(settled, 30, what='the watch held again')
-    return {worker.pid: counter(worker, 'wakeups') - before[worker.pid] for worker in fleet}
+    return (
+        {worker.pid: counter(worker, 'wakeups') - before[worker.pid] for worker in fleet},
+        {worker.pid: counter(worker, 'standby_wakeups') - standby[worker.pid] for worker in fleet},
+    )
+
+
+def test_idle_waiters_sleep_while_the_watcher_and_its_deputy_keep_watch(conn, start_worker) -> None:
+    """Only two of eight idle workers send anything to the server between enqueues."""
+    fleet = start_fleet(start_worker, conn, 8, {'RQ_EPOCH_SWEEP_INTERVAL': '2'})
+    wait_for(lambda: conn.get(keys.deputy_key(SET_ID)), 30, what='a deputy')
+    the_watcher, the_deputy = watcher(conn, fleet), deputy(conn, fleet)
+    before = {worker.pid: (counter(worker, 'claims'), counter(worker, 'empty_takes')) for worker in fleet}
+    # Three sweep intervals: the watcher claims (refreshes) and takes, the deputy claims, each
+    # several times; a waiter on the bench blocks for 30 s at a time and does neither.
+    wait_for(
+        lambda: counter(the_deputy, 'claims') >= before[the_deputy.pid][0] + 4, 30, what='four claims of the deputy'
+    )
+    wait_for(
+        lambda: counter(the_watcher, 'empty_takes') >= before[the_watcher.pid][1] + 2,
+        30,
+        what='two turns of the watcher',
+    )
+    active = {
+        worker.pid
+        for worker in fleet
+        if (counter(worker, 'claims'), counter(worker, 'empty_takes')) != before[worker.pid]
+    }
+    assert active == {the_watcher.pid, the_deputy.pid}
+    assert conn.get(keys.watch_key(SET_ID)) and conn.get(keys.deputy_key(SET_ID))
+    assert (watcher(conn, fleet), deputy(conn, fleet)) == (the_watcher, the_deputy)
 
 
 def test_a_job_starts_within_a_sweep_interval_after_the_idle_watcher_is_killed(conn, start_worker) -> None:
     interval = 3
     fleet = start_fleet(start_worker, conn, 3, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
+    wait_for(lambda: conn.get(keys.deputy_key(SET_ID)), 30, what='a deputy')
     dead = watcher(conn, fleet)
     dead.kill()
     job = Queue(QUEUES[2], connection=conn).enqueue('tests.jobs.add', 1, 2)
-    # Every idle worker takes once per dequeue timeout (at most one sweep interval); the margin
-    # covers the start of the job's work-horse on a busy machine.
+    # The watch expires within half an interval, and the deputy claims it within another half;
+    # the margin covers the start of the job's work-horse on a busy machine.
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, interval + 10, what='the job done')
     # And another worker takes over the watch once the dead one's expires.
     wait_for(
@@ -108,6 +155,25 @@ def test_a_job_starts_within_a_sweep_interval_after_the_idle_watcher_is_killed(c
         2 * interval + 10,
         what='a new watcher',
     )
+
+
+def test_a_killed_deputy_is_replaced_and_the_new_one_takes_over_a_killed_watcher(conn, start_worker) -> None:
+    interval = 2
+    fleet = start_fleet(start_worker, conn, 4, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
+    wait_for(lambda: conn.get(keys.deputy_key(SET_ID)), 30, what='a deputy')
+    dead_deputy = deputy(conn, fleet)
+    dead_name_ = conn.get(keys.deputy_key(SET_ID))
+    dead_deputy.kill()
+    # The deputy's key expires (one interval), and the watcher's next refresh wakes a waiter
+    # of the bench to take the place.
+    wait_for(
+        lambda: conn.get(keys.deputy_key(SET_ID)) not in (None, dead_name_), 3 * interval + 10, what='a new deputy'
+    )
+    dead_watcher = watcher(conn, fleet)
+    dead_watcher.kill()
+    job = Queue(QUEUES[0], connection=conn).enqueue('tests.jobs.add', 1, 2)
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, interval + 10, what='the job done')
+    assert all(worker.proc.poll() is None for worker in fleet if worker not in (dead_deputy, dead_watcher))
 
 
 def dead_name(conn: redis.Redis, dead: WorkerProcess) -> bytes | None:
