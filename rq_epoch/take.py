@@ -22,9 +22,9 @@ Idle workers on the same queues do not all wait that way: one of them is the *wa
 of that set of queues (it holds ``<prefix>:epoch:watch:<set>``, with a TTL of half a sweep
 interval that it refreshes while it waits), and only the watcher keeps tracking armed.
 The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An
-enqueue wakes the watcher alone; it takes the job, then hands the watch on
-(``watch.lua``: its key deleted, one token pushed on the baton list), and the one waiter
-that pops the token claims the watch and arms tracking. An enqueue thus wakes at most two
+enqueue wakes the watcher alone; it takes the job, then, once the job runs, hands the
+watch on (``watch.lua``: its key deleted, one token pushed on the baton list), and the one
+waiter that pops the token claims the watch and arms tracking. An enqueue thus wakes at most two
 workers (the watcher, and the waiter it hands on to), however many wait.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
@@ -399,7 +399,6 @@ class Taker:
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
             found = self.take(queues)
             if found is not None:
-                self._hand_on()
                 queue, job_id = found
                 job = self._fetch(queue, job_id, job_class, serializer)
                 if job is None:
@@ -457,7 +456,7 @@ class Taker:
             except TrackingRefused as exc:
                 self._waker = None
                 self._polling = True
-                self._hand_on()
+                self.hand_on()
                 self.log.warning(
                     'rq-epoch: the server refused client tracking (%s); waiting for jobs by taking every %ss instead',
                     exc,
@@ -521,7 +520,7 @@ class Taker:
         ):
             return Role.WATCHER
         if self._set is not None and self._set != set_id:
-            self._hand_on()  # the worker's queues changed
+            self.hand_on()  # the worker's queues changed
         role = self._watch_script('claim', set_id)
         self.counters.claims += 1
         if role is Role.WATCHER and not (self._set == set_id and self._role is Role.WATCHER):
@@ -553,11 +552,15 @@ class Taker:
             _outage_as_connection_error(exc)
             raise
 
-    def _hand_on(self) -> None:
+    def hand_on(self) -> None:
         """Give up this taker's place (the watch or the deputy's), and wake one waiter to take it.
 
-        Called after a take found a job (the worker is busy from now on), and when the taker
-        stops. A failure only delays the handover: the key expires by its TTL.
+        The worker calls it once the job it took runs (after the fork of its work-horse, so
+        that the waiter it wakes does not compete with the fork for the CPU, and the take's
+        reply reaches RQ's loop without another round trip first); the taker calls it when
+        it stops. Until then a watcher that took a job still holds the watch, unarmed: a job
+        enqueued meanwhile is seen by the next watcher's first read of the queues. A failure
+        only delays the handover: the key expires by its TTL.
         """
         set_id, role = self._set, self._role
         self._set, self._role, self._claimed_at = None, Role.NEITHER, None
@@ -576,7 +579,7 @@ class Taker:
 
     def close(self) -> None:
         """Hand the watch on, if this taker holds it, and close the wake-up connection, if any."""
-        self._hand_on()
+        self.hand_on()
         if self._waker is not None:
             self._waker.close()
             self._waker = None
