@@ -29,7 +29,8 @@ from .sweep import Sweeper
 from .verdicts import Verdict
 from .worker import Worker
 
-__version__ = '0.2.0'
+#: The one place the version is written: setup.cfg reads it (``version = attr: rq_epoch.__version__``).
+__version__ = '0.3.0.dev0'
 
 __all__ = [
     'ConfigurationError',

@@ -386,9 +386,21 @@ rq-epoch worker is RQ's `rq worker` (its help follows) with two additions:
 """
 
 
-@main.command(context_settings={'ignore_unknown_options': True, 'help_option_names': []})
-@click.argument('args', nargs=-1, type=click.UNPROCESSED)
-def worker(args: tuple[str, ...]) -> None:
+class PassThroughCommand(click.Command):
+    """A command that takes its arguments exactly as given, in ``ctx.args``, to hand them on.
+
+    click's own parsing drops a bare ``--`` (the end of the options), which the command line
+    they are handed on to needs: after ``--``, ``-x`` is a queue named ``-x``, not an option.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.args = list(args)
+        return ctx.args
+
+
+@main.command(cls=PassThroughCommand, context_settings={'help_option_names': []})
+@click.pass_context
+def worker(ctx: click.Context) -> None:
     """Start RQ's worker (`rq worker` options and queues), waiting for the server if it is down.
 
     Adds --worker-class rq_epoch.Worker when neither -w/--worker-class nor RQ_WORKER_CLASS
@@ -397,11 +409,12 @@ def worker(args: tuple[str, ...]) -> None:
     first and waits while the server cannot answer (one log line, then one when it is back),
     up to RQ_EPOCH_STARTUP_WAIT seconds. Everything else is RQ's: see `rq-epoch worker --help`.
     """
+    args = list(ctx.args)
     try:
         limit = EpochSettings.resolve().startup_wait
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
-    if '--help' in args:
+    if '--help' in (args[: args.index('--')] if '--' in args else args):
         click.echo(WORKER_HELP_NOTE)
 
     def wait_for_server(connection: Redis, name: str | None) -> None:
@@ -420,7 +433,7 @@ def worker(args: tuple[str, ...]) -> None:
         # rq_epoch.Worker's own start-up wait (read-only, too few replicas) gets what is left of the time.
         os.environ['RQ_EPOCH_STARTUP_WAIT'] = str(max(0, math.ceil(limit - (time.monotonic() - started))))
 
-    run_rq_worker(list(args), 'rq-epoch', wait_for_server)
+    run_rq_worker(args, 'rq-epoch', wait_for_server)
 
 
 def run_rq_worker(args: list[str], prog_name: str, before_start: Callable[[Redis, str | None], None]) -> NoReturn:

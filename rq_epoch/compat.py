@@ -25,6 +25,7 @@ __all__ = [
     'CLEANUP_TAKES_EXECUTION',
     'HEARTBEAT_TTL_TAKES_WORKING_TIME',
     'MAINTAINED_REGISTRIES',
+    'READY_TO_ENQUEUE',
     'RQ_KEY_PREFIX',
     'RateLimitRegistry',
     'execute_failure_callback',
@@ -54,6 +55,10 @@ try:
 except ImportError:  # RQ 2.x
     RateLimitRegistry = None
     MAINTAINED_REGISTRIES = (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry)
+
+#: RQ 3's status of a dependent in its ReadyJobRegistry, not yet pushed onto its queue (None on
+#: RQ 2, which has no such step: a dependent goes onto its queue in its parent's transaction).
+READY_TO_ENQUEUE: str | None = getattr(JobStatus, 'READY_TO_ENQUEUE', None)
 
 # RQ 3's worker-less failure functions, resolved once (None on RQ 2): a failed import would
 # search the whole path again at every dead letter.

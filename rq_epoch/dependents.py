@@ -242,7 +242,7 @@ class BatchDependents:
                     if score is None:
                         continue  # another caller took it off the registry
                     registry.remove(job, pipeline=pipe)
-                    if text(status) != JobStatus.READY_TO_ENQUEUE:
+                    if text(status) != compat.READY_TO_ENQUEUE:
                         continue
                     if job.has_rate_limit:  # type: ignore[attr-defined]
                         target._enqueue_rate_limited_job(job, pipeline=pipe)  # type: ignore[attr-defined]

@@ -21,10 +21,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .errors import RqEpochError
+
 __all__ = ['EmbeddedServer', 'PortTaken', 'ServerNotAvailable', 'find_server_binary', 'free_port']
 
 
-class ServerNotAvailable(RuntimeError):
+class ServerNotAvailable(RqEpochError, RuntimeError):
     """No server binary of the requested kind is installed."""
 
 
@@ -56,7 +58,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class PortTaken(RuntimeError):
+class PortTaken(RqEpochError, RuntimeError):
     """Another process listens on the port a server was to start on."""
 
 

@@ -1,4 +1,10 @@
-"""Errors that rq-epoch raises. All of them derive from :class:`RqEpochError`."""
+"""Errors that rq-epoch raises. All of them derive from :class:`RqEpochError`.
+
+One exception is not an error and stands apart: :class:`OutcomeRefused`, the fence's
+refusal of an outcome, is a :class:`BaseException` so that RQ's ``except Exception`` blocks
+let it through (see its docstring); :class:`RqEpochError` is an :class:`Exception`, so
+nothing can derive from both.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +53,7 @@ class ServerOutageError(RqEpochError, redis.exceptions.ConnectionError):
     """
 
 
-class StalledJobError(AbandonedJobError):
+class StalledJobError(RqEpochError, AbandonedJobError):
     """Passed to ``on_failure`` callbacks of a job that the sweep dead-lettered.
 
     It subclasses RQ's :class:`~rq.exceptions.AbandonedJobError`, so callbacks that
@@ -65,10 +71,13 @@ class OutcomeRefused(BaseException):
     commit landed, or the job was cancelled or deleted). ``holder`` is the job's lease
     execution when the commit was refused, or ''.
 
-    It derives from :class:`BaseException`, like RQ's own ``StopRequested`` signals, so
-    that it crosses the ``except Exception`` blocks in RQ's outcome handlers (which would
-    otherwise log it as a failure to persist and go on to enqueue dependents and send
-    webhooks) and reaches :meth:`rq_epoch.Worker.write_outcome`, which reports it.
+    It derives from :class:`BaseException` and not from :class:`Exception` (as
+    ``KeyboardInterrupt`` and ``asyncio.CancelledError`` do; RQ's own ``StopRequested`` is an
+    ordinary ``Exception`` in RQ 2.12 and 3.0), so that it crosses the ``except Exception``
+    blocks in RQ's outcome handlers (which would otherwise log it as a failure to persist
+    and go on to enqueue dependents and send webhooks) and reaches
+    :meth:`rq_epoch.Worker.write_outcome`, which reports it. For the same reason it cannot
+    derive from :class:`RqEpochError`: catch it by name.
     """
 
     def __init__(self, job_id: str, execution_id: str, reason: str, detail: str = '', holder: str = '') -> None:

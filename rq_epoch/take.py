@@ -65,6 +65,7 @@ from rq.utils import get_version
 
 from . import keys, scripts
 from .compat import text
+from .errors import RqEpochError
 from .failover import is_outage
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _outage_as_connection_error(exc: redis.exceptions.ResponseError) -> None:
         raise redis.exceptions.ConnectionError(f'the server cannot give out jobs now: {exc}') from exc
 
 
-class TrackingRefused(Exception):
+class TrackingRefused(RqEpochError):
     """The server (or a proxy in front of it) refused client tracking: an ACL, an old server."""
 
 

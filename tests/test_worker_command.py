@@ -145,3 +145,24 @@ def test_a_start_with_the_server_up_runs_the_chosen_worker_class(
         assert 'waiting for it' not in output  # the server was found at once, where the worker found it
     finally:
         worker.kill()
+
+
+@pytest.mark.parametrize('queue_name', ['-dashed', '--help'])
+def test_arguments_after_a_bare_double_dash_reach_rq_worker_as_given(
+    conn: redis.Redis, server: EmbeddedServer, tmp_path: Path, queue_name: str
+) -> None:
+    """``--`` ends the options: a queue named like an option comes after it, and ``rq worker``
+    must get the ``--`` too, or it reads the name as an option (or prints its help)."""
+    job = Queue(queue_name, connection=conn).enqueue('tests.jobs.add', 2, 2)
+    worker = start_command(
+        tmp_path / 'worker.log', '--url', server.url, '--burst', '--', queue_name, env={'RQ_EPOCH_STARTUP_WAIT': '120'}
+    )
+    try:
+        wait_for(lambda: worker.proc.poll() is not None, 60, what='the end of the burst')
+        output = worker.output()
+        assert worker.proc.returncode == 0, output
+        assert job.get_status(refresh=True) == JobStatus.FINISHED, output
+        assert EPOCH_LINE in output  # rq_epoch.Worker, added before the "--"
+        assert 'RQ_EPOCH_STARTUP_WAIT' not in output  # no help note: "--help" was a queue name
+    finally:
+        worker.kill()
