@@ -1,34 +1,13 @@
-"""Run every benchmark in turn, then print the summary table (``python -m benchmarks [--quick]``)."""
+"""Run every benchmark but ``detection`` in turn, then print the report (``python -m benchmarks [--quick]``)."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from . import (
-    call_cost,
-    fleet,
-    heartbeat,
-    memory,
-    pickup,
-    report,
-    sweep_anatomy,
-    sweep_latency,
-    sweep_vs_cleanup,
-    worker_throughput,
-)
+from . import fleet, heartbeat, memory, pickup, report, sweep_latency, sweep_vs_cleanup, worker_throughput
 
-MODULES = (
-    sweep_vs_cleanup,
-    sweep_anatomy,
-    call_cost,
-    sweep_latency,
-    worker_throughput,
-    heartbeat,
-    memory,
-    pickup,
-    fleet,
-)
+MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, heartbeat, memory, pickup, fleet)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from rq.worker.base import BaseWorker
 
 from rq_epoch.worker import Worker as EpochWorker
 
-from .common import count_traffic
+from .harness import count_traffic
 
 
 def _wrap(cls: type, out: str) -> None:

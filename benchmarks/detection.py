@@ -1,4 +1,4 @@
-"""Question 5: how long until a dead worker's job runs again, with every setting at its default.
+"""How long until a dead worker's job runs again, with every setting at its default?
 
 Per side, on a fresh server: two real ``rq worker`` processes with their defaults (stock:
 ``rq worker``; rq-epoch: ``rq worker --worker-class rq_epoch.Worker``, no ``RQ_EPOCH_*``
@@ -15,11 +15,9 @@ minutes), bounded by ``--stock-timeout``.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,10 +26,11 @@ from typing import Any
 import redis
 from rq import Queue
 
-from rq_epoch.pids import children_of, send_signal
+from rq_epoch.pids import send_signal
 from rq_epoch.settings import DEFAULTS
 
-from .common import EPOCH, ROOT, STOCK, parser, server, server_version, table, write_results
+from .harness import EPOCH, ROOT, STOCK, parser, server, server_version, stop_workers, worker_argv, worker_env
+from .report import finish
 
 NAME = 'detection'
 QUEUE = 'detect'
@@ -68,16 +67,12 @@ def one_trial(
     """Start two workers, kill the one running the job, time the job's next start."""
     conn.flushall()
     ledger = folder / f'{side}-{index}.starts'
-    env = {k: v for k, v in os.environ.items() if not k.startswith('RQ_EPOCH_')}
-    env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
-    env.update(env_extra)
-    argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', url]
-    if side == EPOCH:
-        argv += ['--worker-class', 'rq_epoch.Worker']
+    env = worker_env(**env_extra)
     workers = []
     for n in range(2):
-        log = open(folder / f'{side}-{index}-worker-{n}.log', 'wb')  # noqa: SIM115 - closed below
-        workers.append((subprocess.Popen([*argv, QUEUE], cwd=ROOT, env=env, stdout=log, stderr=log), log))
+        with open(folder / f'{side}-{index}-worker-{n}.log', 'wb') as log:
+            argv = worker_argv(url, side, [QUEUE])
+            workers.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         Queue(QUEUE, connection=conn).enqueue(
             'benchmarks.jobs.record_start_then_sleep', str(ledger), timeout + 600, job_timeout=int(timeout + 900)
@@ -98,13 +93,7 @@ def one_trial(
             return {'side': side, 'ok': False, 'error': f'not restarted within {timeout:.0f} s'}
         return {'side': side, 'ok': True, 'detection_seconds': round(again[1][0] - killed, 2)}
     finally:
-        for proc, log in workers:
-            for pid in children_of(proc.pid):  # the work-horse running the long job
-                send_signal(pid, signal.SIGKILL)
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-            log.close()
+        stop_workers(workers, grace=0.0)  # and the work-horse running the long job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,17 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             'target_seconds': TARGET,
             'target_met': bool(epoch) and max(epoch) <= TARGET and not args.quick,
         }
-        rows: list[list[Any]] = [[i + 1, r['side'], r.get('detection_seconds'), r['ok']] for i, r in enumerate(runs)]
-        print()
-        print(table(['trial', 'worker', 'seconds to run again', 'ok'], rows))
-        print(f'\nrq-epoch worst {summary[EPOCH]["max"]} s (target ≤{TARGET:.0f} s); stock {summary[STOCK]["max"]} s')
-        write_results(
-            NAME,
-            {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': summary},
-            args.out,
-            conn,
-        )
-    return 0 if all(r['ok'] for r in runs) else 1
+        doc = {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': summary}
+        return finish(NAME, doc, args.out, all(r['ok'] for r in runs), conn)
 
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-"""Running jobs in the state each side's worker leaves them, written in bulk.
+"""Expired leases made in bulk, as each side's worker leaves them, and the cleanups measured on them.
 
 A benchmark of 100,000 expired leases can't wait for 100,000 workers to die, so this
 module enqueues real jobs (RQ's ``enqueue_many``) and then makes, in pipelines, the calls
@@ -17,20 +17,34 @@ An expired lease is the state the server holds when a sweep or a cleanup finds i
 deadline is one second in the past, and the execution hash, whose TTL the worker sets to
 the same lease length, has expired with it (deleted here, as the server would); the job's
 execution registry and the worker's execution index (TTL one minute longer) are still
-there.
-:func:`validate` checks this layout against real workers killed with SIGKILL
-(``python -m benchmarks.fixture``).
+there. :func:`validate` checks this layout against real workers killed with SIGKILL mid-job
+(a test runs it).
+
+A *case* names who cleans the leases and which verdict the jobs get:
+
+============  ========  ==============================================================
+case          side      jobs and verdict
+============  ========  ==============================================================
+stock-retry   stock     one retry left: ``StartedJobRegistry.cleanup()`` requeues them
+exempt        rq-epoch  stamped by another server process: requeued, not counted
+recovered     rq-epoch  stamped by this process, stall budget left: counted, requeued
+stock-fail    stock     no retry: failed, failure Result, callback, dependents
+dead          rq-epoch  stamped by this process, ``max_stalled=1``: the same side effects
+============  ========  ==============================================================
+
+Every job has an ``on_failure`` callback; in the failing cases one job in ten has a
+dependent with ``allow_failure``, which each side must enqueue. Each case runs on a flushed
+server and is checked afterwards (requeued, failed, callbacks run, dependents enqueued).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +53,16 @@ from rq import Callback, Queue, Retry
 from rq.executions import Execution
 from rq.job import Dependency
 from rq.job import Job as RQJob
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.utils import now as rq_now
 
 from rq_epoch import Job as EpochJob
-from rq_epoch import keys, scripts
+from rq_epoch import Sweeper, keys, scripts
 from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.pids import children_of, send_signal
 
-from .common import EPOCH, ROOT, STOCK
+from . import jobs as job_functions
+from .harness import EPOCH, ROOT, STOCK, command_delta, commandstats, count_traffic, worker_argv, worker_env
 
 #: A valid run_id of some other server process (stamps that crossed a restart).
 OTHER_EPOCH = '5d0c3ab4f1e2d3c4b5a69788796a5b4c3d2e1f00'
@@ -178,7 +194,7 @@ def _age(conn: redis.Redis, queue: str, members: list[str], side: str, stamp: st
             pipe.execute()
 
 
-# -- validation against real workers --------------------------------------------------------
+# -- the layout checked against real workers killed mid-job --------------------------------------------------------
 
 _UUID = re.compile(r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}')
 _RUN_ID = re.compile(r'\b[0-9a-f]{40}\b')
@@ -270,15 +286,11 @@ def real_layout(srv: EmbeddedServer, side: str, n_jobs: int = 2, timeout: float 
         queue.enqueue(
             'benchmarks.jobs.sleep_for', 60, retry=Retry(max=1), on_failure=Callback('benchmarks.jobs.on_failure_count')
         )
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', srv.url, '--burst']
-    if side == EPOCH:
-        argv += ['--worker-class', 'rq_epoch.Worker']
     procs = [
         subprocess.Popen(
-            argv + ['--name', f'real-{i}', 'check'],
+            worker_argv(srv.url, side, ['check'], '--burst', '--name', f'real-{i}'),
             cwd=ROOT,
-            env=env,
+            env=worker_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -321,17 +333,148 @@ def validate(kind: str = 'valkey', n_jobs: int = 2) -> dict[str, list[str]]:
     return differences
 
 
-def main() -> int:
-    """Print the differences between the fixture and real workers; exit 1 if any."""
-    differences = validate()
-    for side, diffs in differences.items():
-        print(
-            f'{side}: ' + ('same layout as real workers killed mid-job' if not diffs else f'{len(diffs)} differences')
-        )
-        for line in diffs:
-            print('   ', line)
-    return 1 if any(differences.values()) else 0
+# -- the cleanups -----------------------------------------------------------------------------
+
+QUEUE = 'bench'
+DEPENDENTS_EVERY = 10
+#: Bound on the rounds of dead-letter finishing after a sweep (1,000 each).
+MAX_FINISH_ROUNDS = 1_000
 
 
-if __name__ == '__main__':
-    raise SystemExit(main())
+@dataclass(frozen=True)
+class Case:
+    """Who cleans, and what the jobs look like."""
+
+    name: str
+    side: str
+    requeue: bool
+    stamp: str | None = None
+    max_stalled: int = 3
+
+
+CASES: dict[str, Case] = {
+    'stock-retry': Case('stock-retry', STOCK, requeue=True),
+    'exempt': Case('exempt', EPOCH, requeue=True, stamp=OTHER_EPOCH),
+    'recovered': Case('recovered', EPOCH, requeue=True, max_stalled=3),
+    'stock-fail': Case('stock-fail', STOCK, requeue=False),
+    'dead': Case('dead', EPOCH, requeue=False, max_stalled=1),
+}
+#: The stock case each rq-epoch case is compared with.
+BASELINE = {'exempt': 'stock-retry', 'recovered': 'stock-retry', 'dead': 'stock-fail'}
+
+
+@dataclass
+class Outcome:
+    """One case at one size: time, traffic, and whether the jobs ended where they should."""
+
+    case: str
+    side: str
+    n: int
+    seconds: float
+    round_trips: int
+    server_commands: int
+    checks: dict[str, Any]
+    ok: bool
+    script: dict[str, float] = field(default_factory=dict)
+    during: Any = None
+
+
+def prepare(conn: redis.Redis, case: Case, n: int) -> JobSet:
+    """Flush, enqueue ``n`` jobs for ``case`` and leave them started with expired leases."""
+    conn.flushall()
+    dependents = 0 if case.requeue else DEPENDENTS_EVERY
+    jobs = enqueue_jobs(conn, QUEUE, n, retry=case.requeue, on_failure=True, dependents_every=dependents)
+    start_jobs(conn, jobs, case.side, stamp=case.stamp)
+    return jobs
+
+
+def cleaner(conn: redis.Redis, case: Case, batch_size: int | None = None) -> Callable[[], Any]:
+    """The call that cleans the queue: stock cleanup, or the sweep with the case's settings.
+
+    One sweep finishes at most 1,000 dead letters (their side effects); the rest wait for
+    the next sweep. Stock cleanup does every side effect in one call, so the rq-epoch side
+    goes on finishing until none is left, and all of that is timed.
+    """
+    if case.side == STOCK:
+        return lambda: StartedJobRegistry(QUEUE, connection=conn).cleanup()
+    sweeper = Sweeper(conn, max_stalled=case.max_stalled, restart_grace=0, batch_size=batch_size)
+
+    def sweep() -> None:
+        sweeper.sweep([QUEUE])
+        for _ in range(MAX_FINISH_ROUNDS):
+            if not sweeper.finish_dead_letters():
+                break
+
+    return sweep
+
+
+def check(conn: redis.Redis, case: Case, jobs: JobSet, callbacks: int) -> dict[str, Any]:
+    """Where the jobs ended (``found``) and where they should have (``expected``)."""
+    n = len(jobs.job_ids)
+    sample = jobs.job_ids[:: max(1, n // 20)]
+    statuses = {conn.hget(keys.job_key(j), 'status') for j in sample}
+    found: dict[str, Any] = {
+        'queued': conn.llen(keys.queue_key(QUEUE)),
+        'failed': FailedJobRegistry(QUEUE, connection=conn).count,
+        'left_started': conn.zcard(keys.wip_key(QUEUE)) + conn.zcard(keys.leases_key(QUEUE)),
+        'statuses': sorted(_s(s) for s in statuses if s is not None),
+    }
+    if case.requeue:
+        return {'expected': {'queued': n, 'failed': 0, 'left_started': 0, 'statuses': ['queued']}, 'found': found}
+    found['callbacks'] = callbacks
+    found['results_in_sample'] = sum(1 for j in sample if conn.exists(keys.results_key(j)))
+    expected = {
+        'queued': len(jobs.dependent_ids),
+        'failed': n,
+        'left_started': 0,
+        'statuses': ['failed'],
+        'callbacks': n,
+        'results_in_sample': len(sample),
+    }
+    return {'expected': expected, 'found': found}
+
+
+def run_case(
+    conn: redis.Redis,
+    case_name: str,
+    n: int,
+    *,
+    batch_size: int | None = None,
+    around: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> Outcome:
+    """Prepare ``n`` expired leases, clean them once (timed, counted), and check the result.
+
+    ``around`` wraps only the timed cleanup (the latency benchmark runs its PING client there).
+    """
+    case = CASES[case_name]
+    jobs = prepare(conn, case, n)
+    clean = cleaner(conn, case, batch_size)
+    job_functions.FAILURE_CALLBACKS = 0
+    conn.config_resetstat()
+    before = commandstats(conn)
+    with (around or nullcontext)() as probe:
+        with count_traffic() as traffic:
+            start = time.perf_counter()
+            clean()
+            seconds = time.perf_counter() - start
+    delta = command_delta(before, commandstats(conn))
+    scripts_run = conn.info('commandstats').get('cmdstat_evalsha', {})
+    checks = check(conn, case, jobs, job_functions.FAILURE_CALLBACKS)
+    outcome = Outcome(
+        case=case.name,
+        side=case.side,
+        n=n,
+        seconds=seconds,
+        round_trips=traffic.round_trips,
+        server_commands=sum(delta.values()),
+        checks=checks,
+        ok=checks['expected'] == checks['found'],
+        during=probe,
+    )
+    if scripts_run:
+        outcome.script = {
+            'calls': int(scripts_run['calls']),
+            'ms_mean': round(float(scripts_run['usec_per_call']) / 1000.0, 3),
+            'us_per_member': round(float(scripts_run['usec']) / n, 2),
+        }
+    return outcome

@@ -35,7 +35,6 @@ import math
 import multiprocessing
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
@@ -55,10 +54,23 @@ from rq.timeouts import TimerDeathPenalty
 
 from rq_epoch import SimpleWorker as EpochSimpleWorker
 from rq_epoch import keys
-from rq_epoch.pids import children_of, send_signal
 
-from .common import EPOCH, STOCK, comma_sizes, parser, quiet_logging, ratio, server, server_version, write_results
-from .pickup import latencies_ms, start_worker, stats_ms, wait_idle
+from .harness import (
+    EPOCH,
+    STOCK,
+    comma_sizes,
+    latencies_ms,
+    parser,
+    quiet_logging,
+    ratio,
+    server,
+    server_version,
+    start_worker,
+    stats_ms,
+    stop_workers,
+    wait_idle,
+    write_results,
+)
 from .report import fleet_section
 
 NAME = 'fleet'
@@ -217,22 +229,6 @@ def measure(probe: Probe, queues: Sequence[Queue], sizes: dict[str, Any]) -> dic
 
 
 # -- real worker processes --------------------------------------------------------------------
-
-
-def stop_workers(procs: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
-    """SIGTERM every worker, SIGKILL what is left after ``grace`` seconds (work-horses too)."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
-        time.sleep(0.1)
-    for proc in procs:
-        if proc.poll() is None:
-            for pid in children_of(proc.pid):
-                send_signal(pid, signal.SIGKILL)
-            proc.kill()
-        proc.wait(10)
 
 
 def wait_registered(conn: redis.Redis, n: int, timeout: float) -> None:

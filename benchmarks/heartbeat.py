@@ -1,4 +1,4 @@
-"""Question 3b: what the stamp adds to a heartbeat: round trips, commands, latency.
+"""What does rq-epoch's stamp add to a worker's heartbeat: round trips, commands, time?
 
 Two measurements, stock ``rq.Worker`` and ``rq_epoch.Worker`` on the same server:
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from rq import Queue
 import rq_epoch
 from rq_epoch import Sweeper
 
-from .common import (
+from .harness import (
     EPOCH,
     ROOT,
     STOCK,
@@ -49,10 +48,10 @@ from .common import (
     ratio,
     server,
     server_version,
-    table,
-    write_results,
+    worker_argv,
+    worker_env,
 )
-from .worker_throughput import worker_env
+from .report import finish
 
 NAME = 'heartbeat'
 QUEUE = 'beat'
@@ -72,29 +71,13 @@ def real_workers(conn: redis.Redis, url: str, jobs: int, tmp: Path) -> dict[str,
         for _ in range(jobs):
             queue.enqueue('benchmarks.jobs.sleep_for', JOB_SECONDS)
         probe = tmp / f'{side}.jsonl'
-        env = worker_env()
-        env.update(
-            {'BENCH_PROBE_OUT': str(probe), 'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_SWEEP_INTERVAL': '3600'}
-        )
-        argv = [
-            sys.executable,
-            '-m',
-            'benchmarks._probe_worker',
-            'worker',
-            '--url',
-            url,
-            '--burst',
-            '--job-monitoring-interval',
-            '1',
-        ]
-        if side == EPOCH:
-            argv += ['--worker-class', 'rq_epoch.Worker']
+        env = worker_env(BENCH_PROBE_OUT=str(probe), RQ_EPOCH_HEARTBEAT_INTERVAL='1', RQ_EPOCH_SWEEP_INTERVAL='3600')
+        options = ('--burst', '--job-monitoring-interval', '1')
+        argv = worker_argv(url, side, [QUEUE], *options, module='benchmarks._probe_worker')
         conn.config_resetstat()
         before = commandstats(conn)
         with open(tmp / f'{side}.log', 'wb') as log:
-            proc = subprocess.run(
-                argv + [QUEUE], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=60 + jobs * 10
-            )
+            proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=60 + jobs * 10)
         delta = command_delta(before, commandstats(conn))
         beats = [json.loads(line) for line in probe.read_text().splitlines()] if probe.exists() else []
         out[side] = {
@@ -197,41 +180,6 @@ def idle_sweep(conn: redis.Redis, repeats: int) -> dict[str, Any]:
     }
 
 
-def render(real: dict[str, Any], lat: dict[str, Any], idle: dict[str, Any]) -> str:
-    headers = [
-        'worker',
-        'heartbeats (real)',
-        'round trips/beat',
-        'commands/beat',
-        'SCRIPT EXISTS',
-        'p50 µs',
-        'p99 µs',
-        'mean µs',
-    ]
-    body = []
-    for side in (STOCK, EPOCH):
-        r, t = real[side], lat[side]
-        body.append(
-            [
-                side,
-                r['heartbeats'],
-                '/'.join(map(str, r['round_trips_per_heartbeat'])),
-                '/'.join(map(str, r['commands_per_heartbeat'])),
-                r['script_exists_sent'],
-                t['p50_us'],
-                t['p99_us'],
-                t['mean_us'],
-            ]
-        )
-    body.append(['ratio', None, None, None, None, lat['ratio_p50'], None, lat['ratio_mean']])
-    verdict = 'met' if lat['target_met'] else 'MISSED'
-    extra = (
-        f'\nheartbeat latency ratio (p50) {lat["ratio_p50"]}: target ≤{LATENCY_TARGET} {verdict}'
-        f'\nidle sweep (periodic, not per heartbeat): {idle["round_trips"]} round trips, p50 {idle["p50_us"]} µs'
-    )
-    return table(headers, body) + extra
-
-
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument('--jobs', type=int, default=None, help='one-second jobs per real worker (default 8; quick 2)')
@@ -246,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         idle = idle_sweep(conn, 20 if args.quick else 200)
         extra_rt = {side: max(real[side]['round_trips_per_heartbeat'], default=0) for side in (STOCK, EPOCH)}
         no_extra = extra_rt[EPOCH] <= extra_rt[STOCK] and real[EPOCH]['script_exists_sent'] == 0
-        result = {
+        doc = {
             'quick': args.quick,
             'server': server_version(conn),
             'real_workers': real,
@@ -254,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             'idle_sweep': idle,
             'targets': {'no_extra_round_trip': no_extra, 'latency_ratio_met': lat['target_met']},
         }
-        print(render(real, lat, idle))
-        write_results(NAME, result, args.out, conn)
-    ok = all(real[s]['ok'] for s in (STOCK, EPOCH))
-    return 0 if ok else 1
+        return finish(NAME, doc, args.out, all(real[s]['ok'] for s in (STOCK, EPOCH)), conn)
 
 
 if __name__ == '__main__':

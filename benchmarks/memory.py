@@ -1,4 +1,4 @@
-"""Question 4: server memory rq-epoch adds per running job.
+"""How much server memory does rq-epoch add per running job?
 
 N jobs are put in the started state a stock worker leaves; MEMORY USAGE (every element
 counted: ``SAMPLES 0``) is taken of each job hash and of RQ's ``rq:wip`` set. Then, for
@@ -21,8 +21,9 @@ import redis
 
 from rq_epoch import keys, scripts
 
-from .common import STOCK, parser, server, server_version, table, write_results
 from .fixture import CHUNK, EPOCH_TTL, enqueue_jobs, start_jobs
+from .harness import STOCK, parser, server, server_version
+from .report import finish
 
 NAME = 'memory'
 QUEUE = 'mem'
@@ -100,35 +101,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def render(rows: list[dict[str, Any]]) -> str:
-    headers = [
-        'job',
-        'N',
-        'job hash (enc.)',
-        'hash +B',
-        'lease set B (enc.)',
-        'rq:wip +B',
-        'added B/job',
-        'used_memory +B/job',
-        f'≤{TARGET_BYTES} B',
-    ]
-    body = [
-        [
-            r['shape'],
-            r['n'],
-            f'{r["job_hash_bytes_before"]:.0f} ({r["job_hash_encoding"]})',
-            r['job_hash_bytes_added'],
-            f'{r["lease_set_bytes"]} ({r["lease_set_encoding"]})',
-            r['wip_bytes_added'],
-            r['added_bytes_per_job'],
-            r['used_memory_delta_per_job'],
-            'met' if r['target_met'] else 'MISSED',
-        ]
-        for r in rows
-    ]
-    return table(headers, body)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     args = p.parse_args(argv)
@@ -136,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     with server(args.server) as srv:
         conn = srv.client()
         rows = [measure(conn, shape, n) for shape in SHAPES for n in sizes]
-        print(render(rows))
-        write_results(NAME, {'quick': args.quick, 'server': server_version(conn), 'rows': rows}, args.out, conn)
-    return 0
+        return finish(NAME, {'quick': args.quick, 'server': server_version(conn), 'rows': rows}, args.out, True, conn)
 
 
 if __name__ == '__main__':

@@ -1,17 +1,17 @@
-"""The results of the last run (``benchmarks/results/*.json``) as Markdown tables.
+"""The benchmarks' results as Markdown: one section per benchmark, printed at the end of its run.
 
-python -m benchmarks.report [RESULTS_DIR]
+``python -m benchmarks.report [RESULTS_DIR]`` prints every section of the last run (``benchmarks/results/*.json``).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .common import EPOCH, RESULTS_DIR, STOCK
+from .harness import EPOCH, RESULTS_DIR, STOCK, write_results
 
 CASE_LABELS = {
     'stock-retry': 'stock cleanup, requeue (retry left)',
@@ -19,7 +19,6 @@ CASE_LABELS = {
     'recovered': 'rq-epoch sweep, recovered (requeue)',
     'stock-fail': 'stock cleanup, fail + side effects',
     'dead': 'rq-epoch sweep, dead + side effects',
-    'dead-floor': "floor: RQ's failure side effects alone, batched",
 }
 
 
@@ -44,11 +43,6 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _load(results: Path, name: str) -> dict[str, Any] | None:
-    path = results / f'{name}.json'
-    return json.loads(path.read_text(encoding='utf-8')) if path.exists() else None
-
-
 def _target(met: bool | None, text: str) -> str:
     if met is None:
         return '–'
@@ -56,142 +50,105 @@ def _target(met: bool | None, text: str) -> str:
 
 
 def sweep_section(doc: dict[str, Any]) -> str:
+    """sweep_vs_cleanup: seconds, cost per lease and speed-up per case and size."""
     rows = []
     for r in doc['rows']:
-        label = CASE_LABELS.get(r['case'], r['case'])
-        if r.get('skipped'):
-            rows.append([r['n'], label, f'not run (≈{r["estimated_seconds"]} s est.)', None, None, None, None, None])
-            continue
-        speedup = f'{r["speedup"]:g}×' if r.get('speedup') is not None else None
-        target = None if r.get('target_speedup') is None else _target(r['target_met'], f'≥{r["target_speedup"]:g}×')
+        speedup = f'{r["speedup"]:g}×' if r['speedup'] is not None else None
+        target = None if r['target_speedup'] is None else _target(r['target_met'], f'≥{r["target_speedup"]:g}×')
         rows.append(
             [
                 r['n'],
-                label,
-                round(r['seconds'], 3),
-                r['members_per_second'],
+                CASE_LABELS[r['case']],
+                r['seconds'],
+                r['us_per_lease'],
                 r['round_trips'],
                 r['server_commands'],
                 speedup,
                 target,
+                r['ok'],
             ]
         )
-    headers = [
-        'N',
-        'who cleans, verdict',
-        'seconds',
-        'members/s',
-        'round trips',
-        'server commands',
-        'speed-up',
-        'target',
-    ]
-    return '### 1. Sweep vs stock cleanup (same jobs, same server)\n\n' + md_table(headers, rows)
+    headers = ['N', 'who cleans, verdict', 'seconds', 'µs / lease', 'round trips', 'server commands', 'speed-up']
+    return '### Sweep vs stock cleanup (same jobs, same server)\n\n' + md_table([*headers, 'target', 'ok'], rows)
 
 
 def latency_section(doc: dict[str, Any]) -> str:
+    """sweep_latency: PING latency while each side cleans, and the batch study."""
     base = doc['baseline']
-    rows: list[list[Any]] = [['nothing (baseline)', None, base['p50_ms'], base['p99_ms'], base['max_ms'], None, None]]
-    targets = doc['targets']
+    rows: list[list[Any]] = [['nothing (baseline)', None, base['p50_ms'], base['p99_ms'], base['max_ms'], None]]
     for r in doc['during']:
-        blocks = r['server_blocks']
-        p99_calls = blocks.get('script_p99_ms') if blocks.get('scripts_logged') else None
-        rows.append(
-            [
-                CASE_LABELS.get(r['case'], r['case']),
-                r['n'],
-                r['p50_ms'],
-                r['p99_ms'],
-                r['max_ms'],
-                p99_calls,
-                blocks['longest_ms'],
-            ]
-        )
-    headers = ['while', 'N', 'PING p50 ms', 'PING p99 ms', 'PING max ms', 'script call p99 ms', 'longest block ms']
-    out = '### 2. What a cleanup does to other clients\n\n' + md_table(headers, rows)
+        label = CASE_LABELS[r['case']]
+        rows.append([label, r['n'], r['p50_ms'], r['p99_ms'], r['max_ms'], r['server_blocks']['longest_ms']])
+    headers = ['while', 'N', 'PING p50 ms', 'PING p99 ms', 'PING max ms', 'longest block ms']
     batch_rows = [
         [
             r['batch'],
-            r['members_per_second'],
-            r['script_ms_mean'],
-            r['script_us_per_member'],
-            r.get('script_p99_ms'),
-            r['longest_block_ms'],
-            r.get('scripts_over_5ms'),
+            r['leases_per_second'],
+            r['script'].get('ms_mean'),
+            r['script'].get('us_per_member'),
+            r['script_p99_ms'],
+            r['longest_ms'],
+            r['scripts_over_5ms'],
             r['ping_p99_ms'],
         ]
         for r in doc['batch_study']
     ]
-    batch_headers = [
-        'batch',
-        'members/s',
-        'mean call ms',
-        'server µs/member',
-        'p99 call ms',
-        'longest ms',
-        'calls > 5 ms',
-        'PING p99 ms',
-    ]
+    batch_headers = ['batch', 'leases/s', 'mean call ms', 'server µs/lease', 'p99 call ms', 'longest ms']
     n = doc['batch_study'][0]['n'] if doc['batch_study'] else 0
-    out += f'\n\nBatch size (sweep of {n:,} exempt leases at each size):\n\n' + md_table(batch_headers, batch_rows)
-    lines = []
-    for case in ('exempt', 'recovered', 'stock-retry'):
-        if case in targets:
-            t = targets[case]
-            lines.append(
-                f'- {CASE_LABELS[case]}: longest block {t["longest_block_ms"]} ms '
-                f'({_target(t["block_target_met"], "≤5 ms")}); PING p99 {t["p99_minus_baseline_ms"]:+} ms '
-                f'vs baseline ({_target(t["p99_target_met"], "≤+2 ms")})'
-            )
-    return out + '\n\n' + '\n'.join(lines)
+    return (
+        '### What a cleanup does to other clients\n\n'
+        + md_table(headers, rows)
+        + f'\n\nBatch size (sweep of {n:,} exempt leases at each size):\n\n'
+        + md_table([*batch_headers, 'calls > 5 ms', 'PING p99 ms'], batch_rows)
+    )
 
 
 def throughput_section(doc: dict[str, Any]) -> str:
+    """worker_throughput: jobs per second per side, and the ratio."""
     s = doc['summary']
     n = doc['runs'][0]['n'] if doc['runs'] else 0
     runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in (STOCK, EPOCH)}
     rows = [
-        [f'`rq worker` ({side}, {runs[side]} runs)', s[side]['jobs_per_second'], s[side]['steady_jobs_per_second']]
+        [
+            f'`rq worker` ({side}, {runs[side]} runs)',
+            s[side]['jobs_per_second'],
+            s[side]['steady_jobs_per_second'],
+            s[side]['reads_per_job'],
+        ]
         for side in (STOCK, EPOCH)
     ]
-    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio']])
+    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio'], None])
     headers = [f'{n:,} no-op jobs, fork per job', 'jobs/s (whole run)', 'jobs/s (first start to last end)']
     return (
-        '### 3. Worker throughput and heartbeats\n\n'
-        + md_table(headers, rows)
+        '### Worker throughput\n\n'
+        + md_table([*headers, 'requests / job'], rows)
         + f'\n\nTarget ≥{s["target"]}×: {_target(s["target_met"], "").strip()}.'
     )
 
 
 def heartbeat_section(doc: dict[str, Any]) -> str:
+    """heartbeat: round trips, commands and time per heartbeat, per side."""
     real, lat = doc['real_workers'], doc['latency']
-    rows = []
-    for side in (STOCK, EPOCH):
-        rows.append(
-            [
-                side,
-                real[side]['heartbeats'],
-                '/'.join(map(str, real[side]['round_trips_per_heartbeat'])),
-                '/'.join(map(str, real[side]['commands_per_heartbeat'])),
-                real[side]['script_exists_sent'],
-                lat[side]['p50_us'],
-                lat[side]['p99_us'],
-            ]
-        )
-    rows.append(['ratio', None, None, None, None, lat['ratio_p50'], None])
-    headers = [
-        'worker',
-        'heartbeats (1 s jobs)',
-        'round trips / heartbeat',
-        'commands / heartbeat',
-        'SCRIPT EXISTS',
-        f'p50 µs ({lat[STOCK]["heartbeats"]:,} beats)',
-        'p99 µs',
+    rows: list[list[Any]] = [
+        [
+            side,
+            real[side]['heartbeats'],
+            '/'.join(map(str, real[side]['round_trips_per_heartbeat'])),
+            '/'.join(map(str, real[side]['commands_per_heartbeat'])),
+            real[side]['script_exists_sent'],
+            lat[side]['p50_us'],
+            lat[side]['p99_us'],
+        ]
+        for side in (STOCK, EPOCH)
     ]
-    idle = doc['idle_sweep']
-    targets = doc['targets']
+    rows.append(['ratio', None, None, None, None, lat['ratio_p50'], None])
+    headers = ['worker', 'heartbeats (real workers)', 'round trips / heartbeat', 'commands / heartbeat']
+    headers += ['SCRIPT EXISTS', f'p50 µs ({lat[STOCK]["heartbeats"]:,} beats)', 'p99 µs']
+    idle, targets = doc['idle_sweep'], doc['targets']
     return (
-        md_table(headers, rows) + f'\n\nNo extra round trip: {_target(targets["no_extra_round_trip"], "").strip()}; '
+        '### Heartbeats\n\n'
+        + md_table(headers, rows)
+        + f'\n\nNo extra round trip: {_target(targets["no_extra_round_trip"], "").strip()}; '
         f'latency ≤1.2× stock: {_target(targets["latency_ratio_met"], "").strip()}. '
         f"A worker's periodic sweep with nothing expired: {'/'.join(map(str, idle['round_trips']))} round trips, "
         f'p50 {idle["p50_us"]} µs (once per sweep interval, not per heartbeat).'
@@ -199,6 +156,7 @@ def heartbeat_section(doc: dict[str, Any]) -> str:
 
 
 def memory_section(doc: dict[str, Any]) -> str:
+    """memory: bytes rq-epoch adds per running job."""
     rows = [
         [
             r['shape'],
@@ -211,100 +169,51 @@ def memory_section(doc: dict[str, Any]) -> str:
         ]
         for r in doc['rows']
     ]
-    headers = [
-        'job',
-        'running jobs',
-        'job hash bytes (encoding)',
-        '+ stamp fields',
-        '+ lease entry',
-        'added bytes / job',
-        'target',
-    ]
-    return '### 4. Server memory per running job\n\n' + md_table(headers, rows)
+    headers = ['job', 'running jobs', 'job hash bytes (encoding)', '+ stamp fields', '+ lease entry']
+    return '### Server memory per running job\n\n' + md_table([*headers, 'added bytes / job', 'target'], rows)
+
+
+def detection_section(doc: dict[str, Any]) -> str:
+    """detection: seconds from a worker's death to its job running again."""
+    rows = [[i + 1, r['side'], r.get('detection_seconds', r.get('error')), r['ok']] for i, r in enumerate(doc['runs'])]
+    s = doc['summary']
+    return (
+        "### Time until a dead worker's job runs again\n\n"
+        + md_table(['trial', 'worker', 'seconds until the job runs again', 'ok'], rows)
+        + f'\n\nSettings: {s["settings_used"]}. rq-epoch worst {_fmt(s[EPOCH]["max"])} s '
+        f'(target ≤{s["target_seconds"]:g} s); stock {_fmt(s[STOCK]["max"])} s.'
+    )
 
 
 def pickup_section(doc: dict[str, Any]) -> str:
+    """pickup: latency after idle and under load, backlog, the wait alone."""
     s = doc['summary']
-    sides = [side for side in (STOCK, EPOCH, 'rq-epoch, polling') if side in s]
-    runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in sides}
-    rows = []
-    for side in sides:
-        t = s[side]
-        rows.append(
-            [
-                f'{side} ({runs[side]} run{"s" if runs[side] > 1 else ""})',
-                t['wait_calls_per_second'],
-                t['wait_server_us_per_second'],
-                t['idle_requests_per_second'],
-                t['after_idle_p50_ms'],
-                t['after_idle_max_ms'],
-                t['load_p50_ms'],
-                t['load_p99_ms'],
-                t['load_mean_ms'],
-                t['backlog_jobs_per_second'],
-                t['backlog_reads_per_job'],
-            ]
-        )
-    r = s['ratio']
-    rows.append(
+    runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in (STOCK, EPOCH)}
+    rows: list[list[Any]] = [
         [
-            'ratio rq-epoch / stock',
-            None,
-            None,
-            None,
-            r['after_idle_p50'],
-            None,
-            r['load_p50'],
-            None,
-            r['load_mean'],
-            r['backlog_jobs_per_second'],
-            None,
+            f'{side} ({runs[side]} run{"s" if runs[side] > 1 else ""})',
+            s[side]['after_idle_p50_ms'],
+            s[side]['after_idle_max_ms'],
+            s[side]['load_p50_ms'],
+            s[side]['load_p99_ms'],
+            s[side]['load_mean_ms'],
+            s[side]['backlog_jobs_per_second'],
+            s[side]['backlog_reads_per_job'],
         ]
-    )
-    headers = [
-        f'worker on {doc.get("queues", 3)} queues',
-        'idle: wait calls/s',
-        'idle: wait server µs/s',
-        'idle: worker requests/s',
-        'pickup after idle p50 ms',
-        'max ms',
-        'pickup under load p50 ms',
-        'p99 ms',
-        'mean ms',
-        'backlog jobs/s',
-        'requests/job',
+        for side in (STOCK, EPOCH)
     ]
-    t = s['targets']
-    unit = s['per_call_us']
-    out = (
-        '### 5. Picking up jobs on several queues\n\n'
-        + md_table(headers, rows)
-        + f'\n\nTargets: under load ≤{t["load_ratio"]}× stock (p50 and mean): '
-        f'{_target(t["load_ratio_met"], "").strip()}; after idle ≤{t["after_idle_ms"]:g} ms: '
-        f'{_target(t["after_idle_met"], "").strip()}; idle wait ≤{t["idle_calls_per_second"]:g} calls/s and '
-        f'≤{t["idle_server_us_per_second"]:g} µs/s: {_target(t["idle_met"], "").strip()}. '
-        f"Alone, an empty take costs {unit['take_empty']} µs of server time and the wake-up's `EXISTS` "
-        f'{unit["exists"]} µs.'
+    r = s['ratio']
+    rows.append(['ratio', r['after_idle_p50'], None, r['load_p50'], None, r['load_mean'], r['backlog_jobs_per_second']])
+    rows[-1].append(None)
+    headers = [f'worker on {doc["queues"]} queues', 'after idle p50 ms', 'max ms', 'under load p50 ms', 'p99 ms']
+    alone = doc['wait_alone']
+    alone_rows = [[side, alone[side]['n'], alone[side]['p50_ms'], alone[side]['p99_ms']] for side in (STOCK, EPOCH)]
+    return (
+        '### Picking up jobs on several queues\n\n'
+        + md_table([*headers, 'mean ms', 'backlog jobs/s', 'requests/job'], rows)
+        + f'\n\nUnder load (p50) ≤{s["load_target"]}× stock: {_target(s["load_target_met"], "").strip()}.\n\n'
+        + md_table(['enqueue → dequeue returns (no fork)', 'samples', 'p50 ms', 'p99 ms'], alone_rows)
     )
-    fleets = doc.get('fleet') or []
-    if fleets:
-        fleet_rows = [
-            [f['side'], f['workers'], f['wait_calls_per_job'], f['wait_server_us_per_job'], f['pickup']['p50_ms']]
-            for f in fleets
-        ]
-        out += '\n\n' + md_table(
-            ['idle fleet', 'workers', 'wait calls / job', 'wait server µs / job', 'pickup p50 ms'], fleet_rows
-        )
-    alone = doc.get('wait_alone')
-    if alone:
-        alone_rows = [
-            [side, alone[side]['n'], alone[side]['p50_ms'], alone[side]['p90_ms'], alone[side]['p99_ms']]
-            for side in (STOCK, EPOCH)
-        ]
-        out += '\n\n' + md_table(
-            ['enqueue → dequeue returns (no fork)', 'samples', 'p50 ms', 'p90 ms', 'p99 ms'], alone_rows
-        )
-    return out
 
 
 def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> str:
@@ -323,7 +232,7 @@ def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> st
 
 
 def fleet_section(doc: dict[str, Any]) -> str:
-    """Question 6: the fleet's cost, stock → rq-epoch per cell, growth with W, the targets."""
+    """fleet: the fleet's cost, stock → rq-epoch per cell, growth with W, the targets."""
     headers = [
         'workers × queues',
         'idle server CPU ms/s',
@@ -344,7 +253,7 @@ def fleet_section(doc: dict[str, Any]) -> str:
             + [_pair(cell, f) for f in ('idle_cpu_ms_per_second', 'idle_commands_per_second', 'connections')]
             + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'pickup_p50', 'pickup_p99')]
         )
-    out = '### 6. A fleet of workers: idle cost and cost per job (stock → rq-epoch)\n\n' + md_table(headers, rows)
+    out = '### A fleet of workers: idle cost and cost per job (stock → rq-epoch)\n\n' + md_table(headers, rows)
     sizes, sim = doc['sizes'], doc['simulated_sizes']
     out += (
         f'\n\nIdle window {sizes["idle"]:g} s; {sizes["jobs"]} no-op jobs at {sizes["rate"]:g}/s '
@@ -380,25 +289,35 @@ def fleet_section(doc: dict[str, Any]) -> str:
     return out
 
 
+#: Each benchmark's section, by the benchmark's name; the order of the full report.
+SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
+    'sweep_vs_cleanup': sweep_section,
+    'sweep_latency': latency_section,
+    'worker_throughput': throughput_section,
+    'heartbeat': heartbeat_section,
+    'memory': memory_section,
+    'detection': detection_section,
+    'pickup': pickup_section,
+    'fleet': fleet_section,
+}
+
+
+def finish(name: str, doc: dict[str, Any], out: Path | None, ok: bool, conn: Any = None) -> int:
+    """Write a benchmark's JSON, print its section; the exit code (1: some job did not end where it should)."""
+    path = write_results(name, doc, out, conn)
+    print(SECTIONS[name](json.loads(path.read_text(encoding='utf-8'))))
+    return 0 if ok else 1
+
+
 def markdown(results: Path = RESULTS_DIR) -> str:
-    """Every section whose results exist, with the environment of the run."""
-    parts = []
-    env = None
-    loaders = (
-        ('sweep_vs_cleanup', sweep_section),
-        ('sweep_latency', latency_section),
-        ('worker_throughput', throughput_section),
-        ('heartbeat', heartbeat_section),
-        ('memory', memory_section),
-        ('pickup', pickup_section),
-        ('fleet', fleet_section),
-    )
-    for name, render in loaders:
-        doc = _load(results, name)
-        if doc is None:
-            continue
-        env = env or doc.get('environment')
-        parts.append(render(doc))
+    """Every section whose results exist, after the environment of the run."""
+    parts, env = [], None
+    for name, render in SECTIONS.items():
+        path = results / f'{name}.json'
+        if path.exists():
+            doc = json.loads(path.read_text(encoding='utf-8'))
+            env = env or doc.get('environment')
+            parts.append(render(doc))
     if env:
         parts.insert(
             0,

@@ -1,4 +1,4 @@
-"""Question 3a: jobs per second through ``rq worker --burst``, stock vs ``rq_epoch.Worker``.
+"""How many jobs per second does ``rq worker`` run with ``rq_epoch.Worker``, against stock RQ's?
 
 The same N no-op jobs (``benchmarks.jobs.noop``) on the same queue, drained by one real
 ``rq worker --burst`` process (a work-horse forked per job), three runs per side in the
@@ -13,8 +13,7 @@ request the worker sends, a pipeline or a MULTI/EXEC being one request) and
 fenced commit is RQ's own outcome transaction carried by one script call, so it should
 show no more reads per job than stock.
 
-rq-epoch has no worker that runs jobs in-process (like RQ's ``SimpleWorker``), so only
-the forking workers are compared.
+Only the forking workers are compared (``rq_epoch.SimpleWorker`` runs jobs in-process).
 
     python -m benchmarks.worker_throughput          # 2,000 jobs per run, 6 runs
     python -m benchmarks.worker_throughput --quick  # 30 jobs, 2 runs
@@ -22,9 +21,7 @@ the forking workers are compared.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,11 +31,13 @@ from typing import Any
 import redis
 from rq import Queue
 from rq.registry import FinishedJobRegistry
+from rq.utils import str_to_date
 
 from rq_epoch import keys
 
-from .common import EPOCH, ROOT, STOCK, parser, ratio, server, server_version, table, write_results
 from .fixture import enqueue_jobs
+from .harness import EPOCH, ROOT, STOCK, parser, ratio, server, server_version, worker_argv, worker_env
+from .report import finish
 
 NAME = 'worker_throughput'
 QUEUE = 'bench'
@@ -47,25 +46,8 @@ ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK, STOCK, EPOCH)
 ORDER_QUICK = (STOCK, EPOCH)
 
 
-def worker_env() -> dict[str, str]:
-    """The environment of a worker: this checkout importable, no rq-epoch settings inherited."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith('RQ_EPOCH_')}
-    env['PYTHONPATH'] = str(ROOT) + os.pathsep + env.get('PYTHONPATH', '')
-    return env
-
-
-def worker_argv(url: str, side: str, *extra: str) -> list[str]:
-    """``rq worker --burst`` for one side (``rq_epoch.Worker`` by ``--worker-class``)."""
-    argv = [sys.executable, '-m', 'rq.cli', 'worker', '--url', url, '--burst']
-    if side == EPOCH:
-        argv += ['--worker-class', 'rq_epoch.Worker']
-    return argv + list(extra) + [QUEUE]
-
-
 def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
     """From the first job's ``started_at`` to the last job's ``ended_at``."""
-    from rq.utils import str_to_date
-
     with conn.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hmget(keys.job_key(job_id), 'started_at', 'ended_at')
@@ -85,7 +67,8 @@ def one_run(
     before = conn.info('stats')
     start = time.perf_counter()
     with open(log, 'wb') as fh:
-        proc = subprocess.Popen(worker_argv(url, side), cwd=ROOT, env=worker_env(), stdout=fh, stderr=subprocess.STDOUT)
+        argv = worker_argv(url, side, [QUEUE], '--burst')
+        proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(), stdout=fh, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -131,53 +114,6 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def render(runs: list[dict[str, Any]], totals: dict[str, Any]) -> str:
-    headers = ['run', 'worker', 'jobs', 'wall s', 'jobs/s', 'steady jobs/s', 'reads/job', 'cmds/job', 'ok']
-    body: list[list[Any]] = [
-        [
-            i + 1,
-            r['side'],
-            r['n'],
-            r['wall_seconds'],
-            r['jobs_per_second'],
-            r['steady_jobs_per_second'],
-            r['reads_per_job'],
-            r['commands_per_job'],
-            r['ok'],
-        ]
-        for i, r in enumerate(runs)
-    ]
-    for side in (STOCK, EPOCH):
-        t = totals[side]
-        body.append(
-            [
-                'mean',
-                side,
-                None,
-                None,
-                t['jobs_per_second'],
-                t['steady_jobs_per_second'],
-                t['reads_per_job'],
-                t['commands_per_job'],
-                None,
-            ]
-        )
-    body.append(
-        [
-            'ratio',
-            'rq-epoch/stock',
-            None,
-            None,
-            totals['ratio'],
-            totals['steady_ratio'],
-            None,
-            None,
-            f'target ≥{TARGET}: {"met" if totals["target_met"] else "MISSED"}',
-        ]
-    )
-    return table(headers, body)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument('-n', type=int, default=None, help='jobs per run (default 2000; quick 30)')
@@ -194,13 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 f'  run {index + 1}: {side:<8} {runs[-1]["jobs_per_second"]:8.1f} jobs/s  ok={runs[-1]["ok"]}',
                 flush=True,
             )
-        totals = summary(runs)
-        print()
-        print(render(runs, totals))
-        write_results(
-            NAME, {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': totals}, args.out, conn
-        )
-    return 0 if all(r['ok'] for r in runs) else 1
+        doc = {'quick': args.quick, 'server': server_version(conn), 'runs': runs, 'summary': summary(runs)}
+        return finish(NAME, doc, args.out, all(r['ok'] for r in runs), conn)
 
 
 if __name__ == '__main__':
