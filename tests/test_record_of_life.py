@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from rq_epoch import Queue, epoch, keys, scripts
+from rq_epoch import Queue, epoch, keys, verbs
 from rq_epoch.registry import StartedJobRegistry
 from rq_epoch.tickets import take_tickets
 from tests.conftest import wait_for
@@ -19,8 +19,7 @@ def server_time(conn: redis.Redis) -> float:
 
 def extend(conn: redis.Redis, job_id: str, execution: str) -> None:
     registry = StartedJobRegistry('life', connection=conn)
-    reply = scripts.extend()(conn, registry.extend_keys(job_id), [job_id, 30, execution, keys.PREFIX])
-    assert int(reply[0]) == 1
+    assert verbs.extend(conn, registry.extend_keys(job_id), [job_id, 30, execution, keys.PREFIX]).extended
 
 
 def record(conn: redis.Redis, run_id: str) -> epoch.SeenAlive | None:
