@@ -19,6 +19,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 
 from . import compat, keys, verbs
+from .compat import text
 from .dependents import BatchDependents
 from .errors import StalledJobError
 from .job import Job, _field
@@ -73,7 +74,7 @@ class DeadLetters:
         """
         if epochs is None:
             epochs = self.connection.hget(job.key, 'stall_epochs')
-        epoch_list = compat.text(epochs).split(',') if epochs else [job.lease_epoch or '']
+        epoch_list = text(epochs).split(',') if epochs else [job.lease_epoch or '']
         unique = ', '.join(dict.fromkeys(e for e in epoch_list if e)) or '(none)'
         return (
             f'{StalledJobError.__name__}: job stalled {job.stalled} time(s) (max_stalled {max_stalled}): '

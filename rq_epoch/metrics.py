@@ -170,13 +170,14 @@ def read_snapshot(
         pipeline.hgetall(keys.alive_key())
         if not queues:
             pipeline.smembers(keys.queues_key())
-        (seconds, micros), replication, primaries, alive, *queue_set = pipeline.execute()
+        # ``registered``: [the members of <prefix>:queues] when no queues were given, else [].
+        (seconds, micros), replication, primaries, alive, *registered = pipeline.execute()
     now = float(seconds) + float(micros) / 1e6
     state = primary_state(current, replication, primaries, now)
     current = replace(current, role=state.role)
     age = epoch_age(state)
     seen_alive = {text(k): epoch.parse_seen_alive(v) for k, v in alive.items()}
-    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(queue_set[0])
+    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(registered[0])
     snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
     if not names:
         return snapshot

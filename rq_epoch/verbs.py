@@ -114,8 +114,9 @@ def extend(connection: Redis, keys: list[str], args: list[Any]) -> ExtendReply:
 
 # -- commit ------------------------------------------------------------------------------
 
-#: The first element of the commit script's reply.
-_REFUSED, _LEASED, _UNLEASED = 0, 1, 2
+#: The first element of the commit script's reply: refused, or the outcome lands for an
+#: execution that holds its lease (2: for one that was never granted a lease).
+_REFUSED, _LEASED = 0, 1
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class DeadLetterClaim:
 
     @classmethod
     def read(cls, raw: Any) -> DeadLetterClaim:
+        """Decode one member of the claim script's reply."""
         queue, _, job_id = text(raw).partition('|')
         return cls(queue=queue, job_id=job_id)
 
