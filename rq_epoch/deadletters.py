@@ -18,7 +18,7 @@ from rq.job import JobStatus
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 
-from . import compat, keys, scripts
+from . import compat, keys, verbs
 from .compat import text
 from .dependents import BatchDependents
 from .errors import StalledJobError
@@ -26,28 +26,17 @@ from .job import Job, _field
 from .queue import Queue
 from .report import SweepReport
 from .settings import EpochSettings
+from .verbs import DeadLetterClaim
 
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['CLAIM_BATCH', 'DeadLetters', 'record_like']
+__all__ = ['CLAIM_BATCH', 'DeadLetters']
 
 logger = logging.getLogger('rq_epoch')
 
 #: Dead letters claimed (and then finished, with one transaction for their failure Results) at a time.
 CLAIM_BATCH = 100
-
-
-def record_like(template: logging.LogRecord, args: tuple[Any, ...]) -> logging.LogRecord:
-    """A copy of a log record made by the logger, with its own arguments.
-
-    Same time, process and thread as ``template``: for the many lines of one batch, where
-    making each record anew would cost more than the rest of the line.
-    """
-    record = type(template).__new__(type(template))
-    record.__dict__.update(template.__dict__)
-    record.args = args
-    return record
 
 
 class DeadLetters:
@@ -61,20 +50,17 @@ class DeadLetters:
     claim_ttl: int
     death_penalty_class: type[BaseDeathPenalty]
     exception_handlers: Sequence[Callable[..., Any]]
-    #: The record the dead-letter lines of the batch being logged are copied from.
-    _dead_letter_template: logging.LogRecord | None = None
-    _dead_letter_batch = False
 
     def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
         """Run the side effects of dead letters nobody has finished (claimed, bounded)."""
         done: list[str] = []
         while len(done) < limit:
-            claimed = scripts.claim()(
+            claimed = verbs.claim(
                 self.connection, [keys.finishing_key()], [min(CLAIM_BATCH, limit - len(done)), self.claim_ttl]
             )
             if not claimed:
                 break
-            done.extend(self.finish_many([text(raw) for raw in claimed]))
+            done.extend(self.finish_many(claimed))
         if report is not None:
             report.finished.extend(done)
         return done
@@ -97,35 +83,10 @@ class DeadLetters:
         )
 
     def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
-        """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger).
+        """Log a dead letter whose side effects have run (one line on the ``rq_epoch`` logger)."""
+        logger.error('sweep: job %s dead-lettered to FailedJobRegistry of %s: %s', job.id, queue_name, reason)
 
-        The record is made directly, as for the sweep's verdict lines: no search of the
-        stack for the caller, which would cost as much as the rest of the record; the
-        records of one batch's lines are copies of one made by the logger (see
-        :func:`record_like`), a line logged outside a batch gets a record of its own.
-        """
-        if not logger.isEnabledFor(logging.ERROR):
-            return
-        args = (job.id, queue_name, reason)
-        template = self._dead_letter_template
-        if template is None:
-            template = logger.makeRecord(
-                logger.name,
-                logging.ERROR,
-                __file__,
-                _LOG_DEAD_LETTER_LINE,
-                'sweep: job %s dead-lettered to FailedJobRegistry of %s: %s',
-                args,
-                None,
-                func='log_dead_letter',
-            )
-            if not self._dead_letter_batch:
-                logger.handle(template)
-                return
-            self._dead_letter_template = template
-        logger.handle(record_like(template, args))
-
-    def finish_many(self, members: list[str]) -> list[str]:
+    def finish_many(self, claims: Sequence[DeadLetterClaim]) -> list[str]:
         """Side effects of claimed dead letters, a batch at a time; returns the job ids finished.
 
         One round trip reads every job hash (its stall epochs included) and whether the job
@@ -137,35 +98,35 @@ class DeadLetters:
         batch falls back to one transaction per job (see :meth:`_record_failures`).
         """
         finishing = keys.finishing_key()
-        ids = [m.split('|', 1)[1] for m in members]
         job_class = self.job_class
         with self.connection.pipeline(transaction=False) as pipe:
-            for job_id in ids:
-                pipe.hgetall(job_class.key_for(job_id))
-                pipe.exists(job_class.dependents_key_for(job_id))
+            for claim in claims:
+                pipe.hgetall(job_class.key_for(claim.job_id))
+                pipe.exists(job_class.dependents_key_for(claim.job_id))
             replies = pipe.execute()
-        ready: list[tuple[str, Job, str]] = []
+        # Two replies per claim, in the order they were queued: the job hash, whether it has dependents.
+        read = zip(claims, replies[0::2], replies[1::2], strict=True)
+        ready: list[tuple[DeadLetterClaim, Job, str]] = []
         moot = []
         batch = _Batch()
         at = now().isoformat()
-        for i, (member, job_id) in enumerate(zip(members, ids, strict=True)):
-            job = self._restore(job_id, replies[2 * i])
+        for claim, fields, has_dependents in read:
+            job = self._restore(claim.job_id, fields)
             if job is None or job.get_status(refresh=False) != JobStatus.FAILED:
-                moot.append(member)  # gone, or requeued by hand before we finished
+                moot.append(claim.member)  # gone, or requeued by hand before we finished
                 continue
-            epochs = _field(replies[2 * i], 'stall_epochs') or ''
+            epochs = _field(fields, 'stall_epochs') or ''
             reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs, at)
-            queue_name = member.split('|', 1)[0]
-            self._side_effects(job, queue_name, reason, bool(replies[2 * i + 1]), batch)
-            ready.append((member, job, reason))
+            self._side_effects(job, claim.queue, reason, bool(has_dependents), batch)
+            ready.append((claim, job, reason))
         self._enqueue_ready(batch)
         if moot:
             self.connection.zrem(finishing, *moot)
         recorded = self._record_failures(ready)
-        for member, job, reason in ready:
-            if member in recorded:
+        for claim, job, reason in ready:
+            if claim in recorded:
                 self._after_failure(job, reason)
-        return [job.id for member, job, _ in ready if member in recorded]
+        return [job.id for claim, job, _ in ready if claim in recorded]
 
     def _restore(self, job_id: str, raw: Any) -> Job | None:
         """The job read from its hash as ``Job.fetch_many`` makes it; None if it is gone or unreadable."""
@@ -243,7 +204,7 @@ class DeadLetters:
             except Exception:
                 logger.exception('sweep: could not enqueue the dependents made ready by dead letters of %s', queue_name)
 
-    def _record_failures(self, ready: list[tuple[str, Job, str]]) -> set[str]:
+    def _record_failures(self, ready: list[tuple[DeadLetterClaim, Job, str]]) -> set[DeadLetterClaim]:
         """One transaction for the batch; job by job if one of its jobs changed meanwhile.
 
         Only entries still in the finishing set are recorded. The transaction watches the
@@ -255,32 +216,25 @@ class DeadLetters:
         if not ready:
             return set()
         finishing = keys.finishing_key()
-        members = [member for member, _, _ in ready]
         with self.connection.pipeline() as pipeline:
             try:
                 pipeline.watch(*(job.key for _, job, _ in ready))
-                scores = pipeline.zmscore(finishing, members)
+                scores = pipeline.zmscore(finishing, [claim.member for claim, _, _ in ready])
                 pipeline.multi()
                 kept = set()
-                for (member, job, reason), score in zip(ready, scores, strict=True):
+                for (claim, job, reason), score in zip(ready, scores, strict=True):
                     if score is None:
                         continue
-                    kept.add(member)
+                    kept.add(claim)
                     self._queue_failure(pipeline, job, reason)
                 if kept:
-                    pipeline.zrem(finishing, *kept)
+                    pipeline.zrem(finishing, *(claim.member for claim in kept))
                 pipeline.execute()
             except WatchError:
-                kept = {member for member, job, reason in ready if self._record_failure(job, member, reason)}
-        # The lines of this batch share one record's time; a call outside a batch makes its own.
-        self._dead_letter_batch = True
-        try:
-            for member, job, reason in ready:
-                if member in kept:
-                    self.log_dead_letter(job, member.split('|', 1)[0], reason)
-        finally:
-            self._dead_letter_batch = False
-            self._dead_letter_template = None
+                kept = {claim for claim, job, reason in ready if self._record_failure(job, claim.member, reason)}
+        for claim, job, reason in ready:
+            if claim in kept:
+                self.log_dead_letter(job, claim.queue, reason)
         return kept
 
     def _run_failure_callback(self, job: Job, error: StalledJobError) -> None:
@@ -339,7 +293,3 @@ class _Batch:
     #: Dependents enqueued (or made ready) for a job of the batch: another job of the batch
     #: does not enqueue them again (see :mod:`rq_epoch.dependents`).
     enqueued: set[str] = field(default_factory=set)
-
-
-#: The line reported by the records of :meth:`DeadLetters.log_dead_letter`.
-_LOG_DEAD_LETTER_LINE = DeadLetters.log_dead_letter.__code__.co_firstlineno

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
-from . import keys, scripts
+from . import keys, scripts, verbs
 from .compat import text
 from .errors import OutcomeRefused, ServerOutageError
 from .failover import is_outage
@@ -49,10 +49,6 @@ _SCRIPT_COMMANDS = frozenset({'EVAL', 'EVALSHA', 'EVAL_RO', 'EVALSHA_RO', 'FCALL
 #: Most arguments of one command the commit script passes through ``unpack`` (Lua's C
 #: stack holds 8,000 values in Redis and Valkey); a longer command goes the WATCH way.
 _MAX_UNPACKED = 7000
-#: Replies of the commit script that let the outcome land: 1 the execution holds its
-#: lease; 2 it holds none and nobody took over (an execution that was never granted one).
-_ALLOWED = (1, 2)
-_UNLEASED = 2
 
 
 @dataclass(frozen=True)
@@ -87,16 +83,16 @@ class Fence:
 
         Writes nothing and counts nothing (used before running a callback).
         """
-        reply = scripts.commit()(connection, self.script_keys, self.script_args('0', 0))
-        return None if int(reply[0]) in _ALLOWED else self.refusal(reply)
+        reply = verbs.commit(connection, self.script_keys, self.script_args('0', 0))
+        return None if reply.lands else self.refusal(reply)
 
     def script_args(self, mode: str, ncommands: int) -> list[Any]:
         """The commit script's fixed arguments (the commands, if any, follow them)."""
         return [self.member, self.execution_id, mode, ncommands, keys.COMMITTED_RECORD_TTL]
 
-    def refusal(self, reply: list[Any]) -> OutcomeRefused:
-        reason, detail, holder = (text(x) for x in reply[1:4])
-        return OutcomeRefused(self.job_id, self.execution_id, reason, detail, holder)
+    def refusal(self, reply: verbs.CommitReply) -> OutcomeRefused:
+        """The error for a commit the script refused."""
+        return OutcomeRefused(self.job_id, self.execution_id, reply.reason, reply.detail, reply.holder)
 
 
 def arm(pipeline: Pipeline, fence: Fence) -> None:
@@ -152,14 +148,15 @@ def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_e
     if isinstance(reply, Exception):
         _raise_outage(reply)
         raise reply
-    if int(reply[0]) not in _ALLOWED:
-        raise fence.refusal(reply)
-    for command_reply in reply[1:]:
+    commit = verbs.CommitReply.read(reply)
+    if not commit.lands:
+        raise fence.refusal(commit)
+    for command_reply in commit.replies:
         # A server that takes no writes now (NOREPLICAS, READONLY, ...) refuses every write
         # of the script alike: nothing landed, and the whole commit can be sent again.
         if isinstance(command_reply, Exception):
             _raise_outage(command_reply)
-    return _replies(pipeline, commands, list(reply[1:]), raise_on_error)
+    return _replies(pipeline, commands, list(commit.replies), raise_on_error)
 
 
 def _raise_outage(error: BaseException) -> None:
@@ -202,15 +199,17 @@ def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_er
     for _ in range(20):
         pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id), keys.committed_key(fence.composite_key))
         try:
-            reply = pipeline.immediate_execute_command(
-                'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args('1', 0)
+            reply = verbs.CommitReply.read(
+                pipeline.immediate_execute_command(
+                    'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args('1', 0)
+                )
             )
         except NoScriptError:
             _load(pipeline, script)
             continue
-        if int(reply[0]) not in _ALLOWED:
+        if not reply.lands:
             raise fence.refusal(reply)
-        unleased = int(reply[0]) == _UNLEASED
+        unleased = not reply.leased
         if unleased:
             record = ('SET', keys.committed_key(fence.composite_key), '1', 'EX', keys.COMMITTED_RECORD_TTL)
             pipeline.command_stack.append((record, {}))

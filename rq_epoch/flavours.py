@@ -91,7 +91,7 @@ class LeaseKeeper(threading.Thread):
         delay = 0.1
         while not self.stopped.is_set():
             try:
-                extended, run_id, taken = self.worker._heartbeat_lease(self.job, self.execution, self.connection)
+                reply = self.worker._heartbeat_lease(self.job, self.execution, self.connection)
             except CONNECTION_ERRORS as exc:
                 self.worker._server_unreachable(exc)
                 self.stopped.wait(delay)
@@ -102,17 +102,17 @@ class LeaseKeeper(threading.Thread):
                 self.stopped.wait(delay)
                 delay = min(delay * 2, self.worker._max_backoff())
                 continue
-            self.worker._server_reachable(run_id)
-            if extended:
+            self.worker._server_reachable(reply.run_id)
+            if reply.extended:
                 return True
-            if taken:
-                self.taken = taken
+            if reply.taken:
+                self.taken = reply.taken
                 self.worker.log.warning(
                     'Worker %s: a sweep took the lease of job %s (verdict %s) while this worker could not '
                     'heartbeat; the job runs in this process and cannot be stopped: its outcome will be refused',
                     self.worker.name,
                     self.job.id,
-                    taken,
+                    reply.taken,
                 )
             return False
         return False

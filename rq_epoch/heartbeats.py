@@ -16,8 +16,7 @@ import redis.exceptions
 from rq.job import Job as RQJob
 from rq.utils import now
 
-from . import compat, keys, scripts
-from .compat import text
+from . import compat, keys, scripts, verbs
 from .errors import RqEpochError
 from .fence import Fence
 from .job import EpochJobMixin
@@ -78,7 +77,7 @@ class Heartbeats(FencedOutcomes):
                 raise
             execution = self.execution
             registry = StartedJobRegistry(job.origin, connection=self.connection, job_class=self.job_class)
-            scripts.grant()(
+            verbs.grant(
                 self.connection,
                 registry.grant_keys(job.id),
                 [job.id, self.get_heartbeat_ttl(job), execution.id, keys.PREFIX],
@@ -143,23 +142,21 @@ class Heartbeats(FencedOutcomes):
         adopt(job)
         deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
         try:
-            extended, run_id, taken = self.with_backoff(
+            reply = self.with_backoff(
                 lambda: self._heartbeat_lease(job, execution), deadline, lambda exc, _: self._server_unreachable(exc)
             )
         except CONNECTION_ERRORS:
             return  # the next heartbeat goes on trying
-        self._server_reachable(run_id)
-        if not extended and taken:
+        self._server_reachable(reply.run_id)
+        if not reply.extended and reply.taken:
             # A sweep took this execution's lease (its record names this execution). A
             # lease that is gone without such a record was ended by the work-horse's own
             # commit, which may still be running RQ's steps that follow it.
-            self._lease_lost(job, taken)
+            self._lease_lost(job, reply.taken)
         self._sweep_if_due()
 
-    def _heartbeat_lease(
-        self, job: RQJob, execution: Execution, connection: Redis | None = None
-    ) -> tuple[bool, str, str]:
-        """One heartbeat round trip; returns (extended, run_id, verdict of the sweep that took the lease).
+    def _heartbeat_lease(self, job: RQJob, execution: Execution, connection: Redis | None = None) -> verbs.ExtendReply:
+        """One heartbeat round trip; returns what the extend script found.
 
         ``connection``: the client to send it with (a lease keeper thread has its own).
         """
@@ -184,13 +181,16 @@ class Heartbeats(FencedOutcomes):
                 if isinstance(result, redis.exceptions.ResponseError) and index != extend_index:
                     if not isinstance(result, redis.exceptions.NoScriptError):
                         raise result
+            reply: verbs.ExtendReply | None = None
             if isinstance(extend_result, redis.exceptions.NoScriptError):
                 scripts.load_all(connection)
-                extend_result = scripts.extend()(
+                reply = verbs.extend(
                     connection, registry.extend_keys(job.id), [job.id, max(ttl, 1), execution.id, keys.PREFIX]
                 )
             elif isinstance(extend_result, redis.exceptions.ResponseError):
                 scripts.raise_typed(extend_result)
+            elif extend_result is not None:
+                reply = verbs.ExtendReply.read(extend_result)
             # RQ's follow-up, on the same pipeline: sent only when there is something to send.
             if results[job_index] == 1:  # the job hash was gone: don't leave a stub (rq#1450)
                 pipeline.delete(job.key)
@@ -198,13 +198,12 @@ class Heartbeats(FencedOutcomes):
                 pipeline.hset(self.key, mapping=self.serialize())
                 pipeline.expire(self.key, worker_ttl)
             pipeline.execute()
-        if extend_result is None:
+        if reply is None:
             raise RqEpochError(
                 f'the heartbeat of job {job.id} carried no lease extension: its registry is not '
                 "rq-epoch's StartedJobRegistry (a job class without the epoch behaviour?)"
             )
-        extended = bool(int(extend_result[0]))
-        return extended, text(extend_result[1]), text(extend_result[3])
+        return reply
 
     def _server_unreachable(self, exc: Exception) -> None:
         if self._server_lost_at is None:

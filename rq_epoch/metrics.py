@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
     from prometheus_client.registry import CollectorRegistry
     from redis import Redis
+    from redis.client import Pipeline
 
 __all__ = [
     'DEFAULT_PORT',
@@ -80,7 +81,6 @@ LEASE_STATES = ('live', 'expired-counted', 'expired-uncounted', 'deferred', 'exp
 _INSTALL_HINT = "the Prometheus metrics need prometheus-client: pip install 'rq-epoch[prometheus]'"
 #: A lease member: the job id, or ``<job_id>:<execution_id>`` in a 0.2.0 worker's lease.
 _MEMBER_RE = re.compile(r'([^:]+)(?::([^:]+))?')
-_JOB_FIELDS = ('status', 'lease_epoch', 'lease_execution', 'stalled', 'stall_dead')
 
 
 def epoch_age(state: PrimaryState) -> int:
@@ -170,55 +170,41 @@ def read_snapshot(
         pipeline.hgetall(keys.alive_key())
         if not queues:
             pipeline.smembers(keys.queues_key())
-        head = pipeline.execute()
-    seconds, micros = head[0]
+        # ``registered``: [the members of <prefix>:queues] when no queues were given, else [].
+        (seconds, micros), replication, primaries, alive, *registered = pipeline.execute()
     now = float(seconds) + float(micros) / 1e6
-    state = primary_state(current, head[1], head[2], now)
+    state = primary_state(current, replication, primaries, now)
     current = replace(current, role=state.role)
     age = epoch_age(state)
-    seen_alive = {text(k): epoch.parse_seen_alive(v) for k, v in head[3].items()}
-    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(head[4])
+    seen_alive = {text(k): epoch.parse_seen_alive(v) for k, v in alive.items()}
+    names = list(dict.fromkeys(queues)) if queues else keys.queue_names(registered[0])
     snapshot = MetricsSnapshot(server=current, age=age, grace=grace, now=now)
     if not names:
         return snapshot
 
-    per_queue = 12
     with connection.pipeline(transaction=False) as pipeline:
         for name in names:
-            wip = keys.wip_key(name)
-            queue_key, failed = keys.queue_key(name), keys.failed_key(name)
-            pipeline.hgetall(keys.stats_key(name))
-            for leases in (keys.leases_key(name), keys.legacy_leases_key(name)):
-                pipeline.zcard(leases)
-                pipeline.zcount(leases, '-inf', now)
-                pipeline.zrange(leases, 0, limit - 1, withscores=True)
-            pipeline.zcount(wip, '-inf', '(+inf')
-            pipeline.llen(queue_key)
-            pipeline.lrange(queue_key, 0, limit - 1)
-            pipeline.zcard(failed)
-            pipeline.zrevrange(failed, 0, limit - 1)
-        replies = pipeline.execute()
+            _QueueReplies.queue(pipeline, name, now, limit)
+        readings = _QueueReplies.read_all(pipeline.execute(), len(names))
 
     job_ids: dict[str, None] = {}
     seen: list[tuple[QueueMetrics, list[tuple[re.Match[str] | None, float]], list[str], list[str]]] = []
-    for index, name in enumerate(names):
-        stats, n_leases, n_expired, lease_rows, n_legacy, n_legacy_expired, legacy_rows = replies[
-            index * per_queue : index * per_queue + 7
-        ]
-        n_stock, n_queued, queued, n_failed, failed = replies[index * per_queue + 7 : (index + 1) * per_queue]
+    for name, reading in zip(names, readings, strict=True):
         # Leases of 0.2.0 workers (during an upgrade) count like the others.
-        n_leases, n_expired, lease_rows = n_leases + n_legacy, n_expired + n_legacy_expired, lease_rows + legacy_rows
+        n_leases = int(reading.leases) + int(reading.legacy_leases)
+        n_expired = int(reading.expired_leases) + int(reading.expired_legacy_leases)
+        lease_rows = reading.lease_rows + reading.legacy_lease_rows
         q = QueueMetrics(name=name)
-        counters = {optional_text(k) or '': v for k, v in stats.items()}
+        counters = {optional_text(k) or '': v for k, v in reading.counters.items()}
         q.verdicts = {verdict: int(_number(counters.get(verdict))) for verdict in SWEPT_VERDICTS}
         q.last_sweep = _number(counters.get('last_sweep'))
         q.refused = int(_number(counters.get('refused')))
-        q.leases['live'] = int(n_leases) - int(n_expired)
-        q.stock_leases = int(n_stock)
-        q.truncated = int(n_leases) > limit or int(n_queued) > limit or int(n_failed) > limit
+        q.leases['live'] = n_leases - n_expired
+        q.stock_leases = int(reading.stock_leases)
+        q.truncated = n_leases > limit or int(reading.queued) > limit or int(reading.failed) > limit
         lease_entries = [(_MEMBER_RE.fullmatch(text(member)), float(score)) for member, score in lease_rows]
-        queued_ids = [text(x) for x in queued]
-        failed_ids = [text(x) for x in failed]
+        queued_ids = [text(x) for x in reading.queued_ids]
+        failed_ids = [text(x) for x in reading.failed_ids]
         for match, _ in lease_entries:
             if match:
                 job_ids[match.group(1)] = None
@@ -226,17 +212,17 @@ def read_snapshot(
             job_ids[job_id] = None
         seen.append((q, lease_entries, queued_ids, failed_ids))
 
-    jobs: dict[str, tuple[str | None, ...]] = {}
+    jobs: dict[str, _JobFields] = {}
     if job_ids:
         ids = list(job_ids)
         with connection.pipeline(transaction=False) as pipeline:
             for job_id in ids:
-                pipeline.hmget(keys.job_key(job_id), *_JOB_FIELDS)
+                _JobFields.queue(pipeline, job_id)
             rows = pipeline.execute(raise_on_error=False)
         for job_id, row in zip(ids, rows, strict=True):
-            if isinstance(row, Exception) or row[0] is None:  # not a hash, or gone
-                continue
-            jobs[job_id] = tuple(optional_text(value) for value in row)
+            job = _JobFields.read(row)
+            if job is not None:
+                jobs[job_id] = job
 
     for q, lease_entries, queued_ids, failed_ids in seen:
         stalled: set[str] = set()
@@ -253,20 +239,90 @@ def read_snapshot(
         q.stalled_jobs = len(stalled)
         for job_id in failed_ids:
             row = jobs.get(job_id)
-            if row is not None and row[0] == 'failed' and row[4] is not None:
+            if row is not None and row.status == 'failed' and row.stall_dead is not None:
                 q.dead_letters += 1
         snapshot.queues.append(q)
     return snapshot
 
 
-def _waiting_with_stalls(row: tuple[str | None, ...]) -> bool:
-    status, _, _, stalled, stall_dead = row
-    return status in ('queued', 'started') and stalled_count(stalled, status, stall_dead) > 0
+@dataclass(frozen=True)
+class _QueueReplies:
+    """The replies of one queue in the scrape's third round trip, in the order :meth:`queue` sends
+    their commands (a field per command)."""
+
+    #: HGETALL of the counters hash.
+    counters: dict[Any, Any]
+    #: The leases: how many, how many expired, and the first ``limit`` with their deadlines.
+    leases: int
+    expired_leases: int
+    lease_rows: list[tuple[Any, float]]
+    #: The same of the leases of 0.2.0 workers.
+    legacy_leases: int
+    expired_legacy_leases: int
+    legacy_lease_rows: list[tuple[Any, float]]
+    #: Entries of RQ's started registry with a finite score (stock workers').
+    stock_leases: int
+    #: Length of the queue and its first ``limit`` job ids.
+    queued: int
+    queued_ids: list[Any]
+    #: Size of the failed registry and its newest ``limit`` job ids.
+    failed: int
+    failed_ids: list[Any]
+
+    @staticmethod
+    def queue(pipeline: Pipeline, name: str, now: float, limit: int) -> None:
+        """Queue the commands whose replies make one :class:`_QueueReplies`, in the order of its fields."""
+        pipeline.hgetall(keys.stats_key(name))
+        for leases in (keys.leases_key(name), keys.legacy_leases_key(name)):
+            pipeline.zcard(leases)
+            pipeline.zcount(leases, '-inf', now)
+            pipeline.zrange(leases, 0, limit - 1, withscores=True)
+        pipeline.zcount(keys.wip_key(name), '-inf', '(+inf')
+        pipeline.llen(keys.queue_key(name))
+        pipeline.lrange(keys.queue_key(name), 0, limit - 1)
+        pipeline.zcard(keys.failed_key(name))
+        pipeline.zrevrange(keys.failed_key(name), 0, limit - 1)
+
+    @classmethod
+    def read_all(cls, replies: list[Any], queues: int) -> list[_QueueReplies]:
+        """The replies of :meth:`queue` called for ``queues`` queues, one value per queue."""
+        size = len(fields(cls))
+        if len(replies) != size * queues:
+            raise RqEpochError(f'metrics: expected {size * queues} replies for {queues} queue(s), got {len(replies)}')
+        return [cls(*replies[start : start + size]) for start in range(0, len(replies), size)]
+
+
+@dataclass(frozen=True)
+class _JobFields:
+    """The fields of a job hash the metrics read (``HMGET``, text; None where a field is missing)."""
+
+    status: str | None
+    lease_epoch: str | None
+    lease_execution: str | None
+    stalled: str | None
+    stall_dead: str | None
+
+    @classmethod
+    def queue(cls, pipeline: Pipeline, job_id: str) -> None:
+        """Queue the ``HMGET`` of the fields, in the order of the dataclass's."""
+        pipeline.hmget(keys.job_key(job_id), *(f.name for f in fields(cls)))
+
+    @classmethod
+    def read(cls, row: Any) -> _JobFields | None:
+        """The fields from the ``HMGET``'s reply; None for a job that is gone or not a hash."""
+        if isinstance(row, Exception):  # not a hash
+            return None
+        job = cls(*(optional_text(value) for value in row))
+        return None if job.status is None else job
+
+
+def _waiting_with_stalls(row: _JobFields) -> bool:
+    return row.status in ('queued', 'started') and stalled_count(row.stalled, row.status, row.stall_dead) > 0
 
 
 def _lease_state(
     match: re.Match[str] | None,
-    row: tuple[str | None, ...] | None,
+    row: _JobFields | None,
     run_id: str,
     age: int,
     grace: int,
@@ -283,7 +339,7 @@ def _lease_state(
     """
     if match is None or row is None:
         return 'expired-stale'
-    status, lease_epoch, lease_execution = row[0], row[1], row[2]
+    status, lease_epoch, lease_execution = row.status, row.lease_epoch, row.lease_execution
     # A job's lease is held by its lease_execution; a 0.2.0 lease names its execution.
     execution = match.group(2) or lease_execution
     if execution is None:

@@ -30,34 +30,6 @@ class LeaseVerdict:
         """True when this verdict counted a stall (recovered or dead)."""
         return self.verdict.counted
 
-    @classmethod
-    def _read(
-        cls,
-        queue: str,
-        member: str,
-        job_id: str,
-        verdict: Verdict,
-        stalled: int,
-        max_stalled: int,
-        lease_epoch: str,
-        run_id: str,
-    ) -> LeaseVerdict:
-        """The same object as ``LeaseVerdict(...)``, made for the tens of thousands a sweep reads:
-        the fields are set in one step instead of one frozen ``__setattr__`` each (a quarter of
-        the time)."""
-        made = object.__new__(cls)
-        made.__dict__.update(
-            queue=queue,
-            member=member,
-            job_id=job_id,
-            verdict=verdict,
-            stalled=stalled,
-            max_stalled=max_stalled,
-            lease_epoch=lease_epoch,
-            run_id=run_id,
-        )
-        return made
-
 
 @dataclass
 class SweepReport:

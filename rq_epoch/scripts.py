@@ -5,6 +5,9 @@ Each verb lives in its own file under ``rq_epoch/lua/``; a line
 when the server answers NOSCRIPT (as it does after every restart). On a pipeline the
 EVALSHA is queued directly, so a script adds no round trip of its own (a redis-py
 ``Script`` object would send SCRIPT EXISTS first).
+
+This module only loads and sends; a script's reply is read by its typed wrapper in
+:mod:`rq_epoch.verbs`.
 """
 
 from __future__ import annotations

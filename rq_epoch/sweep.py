@@ -6,7 +6,6 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote_to_bytes
 
 import redis
 from redis.exceptions import ResponseError
@@ -15,9 +14,8 @@ from rq.job import Job as RQJob
 from rq.serializers import resolve_serializer
 from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 
-from . import keys, scripts
-from .compat import text
-from .deadletters import DeadLetters, record_like
+from . import keys, verbs
+from .deadletters import DeadLetters
 from .job import Job
 from .jobclass import resolve_job_class
 from .queue import Queue
@@ -43,9 +41,7 @@ __all__ = [  # what used to live here is still importable from here
 
 logger = logging.getLogger('rq_epoch')
 
-
-#: The line reported by the records of :meth:`Sweeper.log_verdict`.
-_LOG_VERDICT_LINE = 0
+#: The line :meth:`Sweeper.log_verdict` logs for each verdict.
 _LOG_VERDICT_MSG = 'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s'
 
 
@@ -101,14 +97,9 @@ class Sweeper(DeadLetters):
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
         self.claim_ttl = claim_ttl
-        self._last_run_id = ''
-        self._last_uptime = 0
-        self._last_primary: PrimaryState | None = None
         #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
         self.rescue_intermediate = rescue_intermediate
         self.exception_handlers = list(exception_handlers or [])
-        #: Per log level, the record the log lines of the current script call's verdicts copy.
-        self._log_templates: dict[int, logging.LogRecord] = {}
         if death_penalty_class is not None:
             self.death_penalty_class = death_penalty_class
 
@@ -167,43 +158,37 @@ class Sweeper(DeadLetters):
         # Every call either removes what it judged or moves an offset forward, so this
         # ends; the bound only guards against a server that keeps answering "more".
         for _ in range(1_000_000):
-            verdicts, more, left_leases, left_stock, left_legacy = self._call(
-                name, dry_run, lease_offset, stock_offset, legacy_offset, client
-            )
-            self._take_verdicts(name, verdicts, report, dry_run, progress, client)
-            if not more or (left_leases + left_stock + left_legacy == 0 and not verdicts):
+            reply = self._call(name, dry_run, lease_offset, stock_offset, legacy_offset, client)
+            self._take_verdicts(reply, report, dry_run, progress, client)
+            left = reply.left_leases + reply.left_stock + reply.left_legacy
+            if not reply.more or (left == 0 and not reply.verdicts):
                 break
-            lease_offset += left_leases
-            stock_offset += left_stock
-            legacy_offset += left_legacy
+            lease_offset += reply.left_leases
+            stock_offset += reply.left_stock
+            legacy_offset += reply.left_legacy
         if self.rescue_intermediate:
-            verdicts = self._rescue(name, dry_run, client)
-            self._take_verdicts(name, verdicts, report, dry_run, progress, client)
+            self._take_verdicts(self._rescue(name, dry_run, client), report, dry_run, progress, client)
 
     def _take_verdicts(
         self,
-        name: str,
-        verdicts: list[LeaseVerdict],
+        reply: verbs.SweepReply,
         report: SweepReport,
         dry_run: bool,
         progress: Callable[[int], None] | None,
         client: Redis | None,
     ) -> None:
         """Add one script call's verdicts to the report, log them, and confirm counted ones."""
-        if not dry_run and not self._confirmed(client or self.connection, verdicts):
+        verdicts = list(reply.verdicts)
+        if not dry_run and not self._confirmed(client or self.connection, reply):
             report.unconfirmed += 1
-        report.run_id, report.uptime = self._last_run_id, self._last_uptime
-        report.primary = self._last_primary
+        report.run_id, report.uptime = reply.run_id, reply.uptime
+        report.primary = reply.primary
         report.verdicts.extend(verdicts)
         if progress is not None and verdicts:
             progress(len(verdicts))
         if not dry_run:
-            self._log_templates.clear()
-            log = self.log_verdict
-            logging_every = type(self).log_verdict is not Sweeper.log_verdict
             for verdict in verdicts:
-                if logging_every or logger.isEnabledFor(verdict.verdict.level):
-                    log(verdict)
+                self.log_verdict(verdict)
             if any(v.verdict is Verdict.DEAD for v in verdicts):
                 self.before_finish(verdicts)
 
@@ -217,18 +202,18 @@ class Sweeper(DeadLetters):
         finally:
             client.close()
 
-    def _confirmed(self, client: Redis, verdicts: list[LeaseVerdict]) -> bool:
-        """Whether a replica has the counted verdicts of the last call, when the primary has replicas.
+    def _confirmed(self, client: Redis, reply: verbs.SweepReply) -> bool:
+        """Whether a replica has the counted verdicts of a call, when the primary has replicas.
 
         A counted verdict (recovered, dead) written on a primary that was just demoted, or
         cut off from its replicas, vanishes when it resyncs; its side effects must not run.
         ``WAIT 1`` on the connection that ran the script tells: some replica acknowledged
         the writes within :attr:`confirm_timeout`. Without replicas there is nothing to wait for.
         """
-        primary = self._last_primary
-        if primary is None or (primary.replicas_expected == 0 and primary.replicas_online == 0):
+        primary = reply.primary
+        if primary.replicas_expected == 0 and primary.replicas_online == 0:
             return True
-        if not any(v.counted for v in verdicts):
+        if not any(v.counted for v in reply.verdicts):
             return True
         try:
             acked = int(client.execute_command('WAIT', 1, int(self.confirm_timeout * 1000)))
@@ -245,11 +230,11 @@ class Sweeper(DeadLetters):
         stock_offset: int,
         legacy_offset: int = 0,
         client: Redis | None = None,
-    ) -> tuple[list[LeaseVerdict], bool, int, int, int]:
-        """One call of the sweep script: (verdicts, more, and how many leases, stock entries and
-        0.2.0 leases it left in place)."""
-        result = scripts.sweep()(
+    ) -> verbs.SweepReply:
+        """One call of the sweep script."""
+        return verbs.sweep(
             client if client is not None else self.connection,
+            name,
             _verb_keys(name, keys.finishing_key()),
             [
                 keys.PREFIX,
@@ -264,13 +249,12 @@ class Sweeper(DeadLetters):
                 legacy_offset,
             ],
         )
-        verdicts = self._verdicts(name, result)
-        return verdicts, int(result[8]) == 1, int(result[9]), int(result[10]), int(result[11])
 
-    def _rescue(self, name: str, dry_run: bool, client: Redis | None = None) -> list[LeaseVerdict]:
+    def _rescue(self, name: str, dry_run: bool, client: Redis | None = None) -> verbs.SweepReply:
         """One call of the rescue script: jobs stranded in RQ's intermediate list for a lease length."""
-        result = scripts.rescue()(
+        return verbs.rescue(
             client if client is not None else self.connection,
+            name,
             _verb_keys(name, keys.limbo_key(name)),
             [
                 keys.PREFIX,
@@ -281,42 +265,12 @@ class Sweeper(DeadLetters):
                 '1' if dry_run else '0',
             ],
         )
-        return self._verdicts(name, result)
-
-    def _verdicts(self, name: str, result: list[Any]) -> list[LeaseVerdict]:
-        """Read the reply of a sweep verb (see ``lua/_sweep.lua``); remembers the epoch and role it saw.
-
-        A record's member is the entry as the script read it: a job id (a lease, or the
-        rescue's entry of RQ's intermediate list) or ``<job_id>:<execution_id>`` (a 0.2.0
-        lease, or a stock worker's entry of RQ's registry); ``job_id`` is the job it names,
-        '' for a member of neither shape.
-        """
-        run_id = text(result[0])
-        self._last_run_id, self._last_uptime = run_id, int(result[1])
-        role, age, online, expected, first = (text(x) for x in result[3:8])
-        self._last_primary = PrimaryState(
-            role=role,
-            age=float(age),
-            replicas_online=int(online),
-            replicas_expected=int(expected),
-            first_seen=float(first),
-        )
-        if not int(result[12]):
-            return []
-        return [_lease_verdict(name, run_id, line) for line in result[13].split(b'\n')]
 
     def log_verdict(self, verdict: LeaseVerdict) -> None:
-        """Log one line per verdict on the ``rq_epoch`` logger.
-
-        The record is made directly (no search of the stack for the caller, which would
-        cost more than the rest of the record), and the records of one script call's
-        verdicts are copies of one made by the logger (same time, same process and thread,
-        their own arguments): a sweep may log tens of thousands.
-        """
-        level = verdict.verdict.level
-        if not logger.isEnabledFor(level):
-            return
-        args = (
+        """Log one line per verdict on the ``rq_epoch`` logger, at the verdict's level."""
+        logger.log(
+            verdict.verdict.level,
+            _LOG_VERDICT_MSG,
             verdict.job_id or '-',
             verdict.queue,
             verdict.verdict,
@@ -325,43 +279,12 @@ class Sweeper(DeadLetters):
             verdict.lease_epoch or '(none)',
             verdict.run_id,
         )
-        template = self._log_templates.get(level)
-        if template is None:
-            template = self._log_templates[level] = logger.makeRecord(
-                logger.name, level, __file__, _LOG_VERDICT_LINE, _LOG_VERDICT_MSG, args, None, func='log_verdict'
-            )
-        logger.handle(record_like(template, args))
 
     def before_finish(self, verdicts: list[LeaseVerdict]) -> None:
         """Called after a sweep call gave dead verdicts, before their side effects run."""
-
-
-_LOG_VERDICT_LINE = Sweeper.log_verdict.__code__.co_firstlineno
 
 
 def _verb_keys(name: str, third: str) -> list[str]:
     """KEYS of the sweep and rescue scripts for queue ``name``: they differ only in the third
     (the finishing set for the sweep, the limbo record for the rescue)."""
     return [keys.leases_key(name), keys.wip_key(name), third, keys.stats_key(name), keys.legacy_leases_key(name)]
-
-
-#: Verdicts by their name as the scripts write it.
-_VERDICTS = {verdict.value.encode(): verdict for verdict in Verdict}
-
-
-def _field(raw: bytes) -> str:
-    """A member or lease epoch of a record that the script percent-encoded (it held a space, a newline or '%')."""
-    return unquote_to_bytes(raw).decode('utf-8', 'replace')
-
-
-def _lease_verdict(queue: str, run_id: str, line: bytes) -> LeaseVerdict:
-    """One record line of a sweep verb's reply: ``<verdict> <stalled> <max_stalled> <member> <lease_epoch>``."""
-    verdict, stalled, max_stalled, raw_member, raw_epoch = line.split(b' ')
-    member = _field(raw_member) if b'%' in raw_member else raw_member.decode('utf-8', 'replace')
-    lease_epoch = _field(raw_epoch) if b'%' in raw_epoch else raw_epoch.decode('utf-8', 'replace')
-    job_id, colon, execution_id = member.partition(':')
-    if colon and not (job_id and execution_id and ':' not in execution_id):
-        job_id = ''
-    return LeaseVerdict._read(
-        queue, member, job_id, _VERDICTS[verdict], int(stalled), int(max_stalled), lease_epoch, run_id
-    )

@@ -179,7 +179,7 @@ def test_each_verdict_is_one_log_line_and_the_report_serialises(conn, caplog) ->
     assert data['verdicts'][0]['job_id'] == job.id
 
 
-def test_each_dead_letter_is_one_log_line_of_its_own_and_a_line_outside_a_batch_has_its_own_time(conn, caplog) -> None:
+def test_each_dead_letter_is_one_log_line_of_its_own_made_when_it_is_logged(conn, caplog) -> None:
     queue = Queue('deadlogs', connection=conn)
     job_ids = [start_job(conn, queue, max_stalled=1)[0].id for _ in range(3)]
     sweeper = Sweeper(conn, restart_grace=0)
@@ -194,7 +194,7 @@ def test_each_dead_letter_is_one_log_line_of_its_own_and_a_line_outside_a_batch_
     )
     assert {(r.funcName, Path(r.pathname).name) for r in records} == {('log_dead_letter', 'deadletters.py')}
 
-    # Called by itself (a subclass, a tool), each line is a record made when it is logged.
+    # Called by itself (a subclass, a tool), each line is a record of its own, made when it is logged.
     caplog.clear()
     job = Job.fetch(job_ids[0], connection=conn)
     with caplog.at_level(logging.ERROR, logger='rq_epoch'):

@@ -7,16 +7,16 @@ import math
 import pytest
 import redis
 
-from rq_epoch import Queue, StartedJobRegistry, keys, scripts
+from rq_epoch import Queue, StartedJobRegistry, keys, scripts, verbs
 from tests.leases import current_run_id, start_job
 from tests.test_epoch_rule import INVALID, NOW
 
 
-def extend(conn: redis.Redis, queue: Queue, job_id: str, ttl: int = 30) -> list:
+def extend(conn: redis.Redis, queue: Queue, job_id: str, ttl: int = 30) -> verbs.ExtendReply:
     """Run the extend script as a heartbeat of the execution that holds the lease does, with
     the keys the worker's registry gives it."""
     registry = StartedJobRegistry(queue.name, connection=conn)
-    return scripts.extend()(conn, registry.extend_keys(job_id), [job_id, ttl, holder(conn, job_id)])
+    return verbs.extend(conn, registry.extend_keys(job_id), [job_id, ttl, holder(conn, job_id)])
 
 
 def holder(conn: redis.Redis, job_id: str) -> str:
@@ -28,9 +28,9 @@ def test_extend_stamps_a_lease_that_has_no_stamp(conn) -> None:
     queue = Queue('default', connection=conn)
     job, member = start_job(conn, queue, epoch=None, expired=False)
     assert conn.hget(job.key, 'lease_epoch') is None
-    extended, run_id, _, taken = extend(conn, queue, job.id)
-    assert (extended, taken) == (1, b'')
-    assert conn.hget(job.key, 'lease_epoch') == run_id == current_run_id(conn).encode()
+    reply = extend(conn, queue, job.id)
+    assert (reply.extended, reply.taken) == (True, '')
+    assert conn.hget(job.key, 'lease_epoch') == reply.run_id.encode() == current_run_id(conn).encode()
 
 
 def test_extend_of_a_stamp_of_this_process_does_not_write_it_again(conn) -> None:
@@ -38,10 +38,10 @@ def test_extend_of_a_stamp_of_this_process_does_not_write_it_again(conn) -> None
     job, member = start_job(conn, queue, expired=False)
     before = conn.zscore(StartedJobRegistry(queue.name, connection=conn).leases_key, member)
     conn.config_resetstat()
-    extended, run_id, deadline, _ = extend(conn, queue, job.id, ttl=120)
+    reply = extend(conn, queue, job.id, ttl=120)
     stats = conn.info('commandstats')
-    assert extended == 1 and float(deadline) > before
-    assert conn.hget(job.key, 'lease_epoch') == run_id
+    assert reply.extended and reply.deadline > before
+    assert conn.hget(job.key, 'lease_epoch') == reply.run_id.encode()
     assert 'cmdstat_hset' not in stats  # the stamp was read, not written
     assert stats['cmdstat_hmget']['calls'] == 1
 
@@ -52,8 +52,8 @@ def test_extend_does_not_bring_back_a_job_hash_that_is_gone(conn) -> None:
     execution = holder(conn, job.id)
     conn.delete(job.key)
     registry = StartedJobRegistry(queue.name, connection=conn)
-    extended, _, _, taken = scripts.extend()(conn, registry.extend_keys(job.id), [job.id, 30, execution])
-    assert (extended, taken) == (0, b'')  # no holder: the lease is left for the sweep, a ghost
+    reply = verbs.extend(conn, registry.extend_keys(job.id), [job.id, 30, execution])
+    assert (reply.extended, reply.taken) == (False, '')  # no holder: the lease is left for the sweep, a ghost
     assert conn.exists(job.key) == 0
 
 
@@ -80,9 +80,9 @@ def test_extend_twice_in_one_transaction_keeps_the_lease(conn) -> None:
     with conn.pipeline() as pipe:
         for _ in range(2):
             scripts.extend().queue(pipe, registry.extend_keys(job.id), [job.id, 30, holder(conn, job.id)])
-        first, second = pipe.execute()
-    assert first[0] == 1 and second[0] == 1
-    assert second[3] == b''
+        first, second = (verbs.ExtendReply.read(reply) for reply in pipe.execute())
+    assert first.extended and second.extended
+    assert second.taken == ''
     assert conn.zscore(registry.leases_key, member) is not None
 
 

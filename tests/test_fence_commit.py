@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rq_epoch import Fence, Job, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError, keys, scripts
+from rq_epoch import Fence, Job, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError, keys, scripts, verbs
 from rq_epoch.fence import arm
 from tests.leases import execution_of, start_job
 
@@ -88,8 +88,8 @@ def test_the_heartbeat_tells_its_own_commit_from_a_sweep_by_identity(conn) -> No
     _outcome(conn, _fence(job))
     scripts.grant()(conn, [keys.leases_key('default'), job.key], [job.id, 60, 'newer'])
     extend = [keys.leases_key('default'), job.key]
-    extended, _, _, taken = scripts.extend()(conn, extend, [job.id, 30, job.lease_execution])
-    assert (extended, taken) == (0, b'')
+    reply = verbs.extend(conn, extend, [job.id, 30, job.lease_execution])
+    assert (reply.extended, reply.taken) == (False, '')
 
 
 def _unleased(conn: redis.Redis, queue: Queue) -> Fence:

@@ -12,7 +12,7 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Fence, Job, OutcomeRefused, Queue, Sweeper, keys, scripts
+from rq_epoch import Fence, Job, OutcomeRefused, Queue, Sweeper, keys, scripts, verbs
 from rq_epoch.registry import StartedJobRegistry
 from tests.leases import (
     OTHER_EPOCH,
@@ -25,11 +25,8 @@ from tests.leases import (
 )
 
 
-def _extend(conn: redis.Redis, job: Job, execution_id: str) -> tuple[int, bytes]:
-    extended, _, _, taken = scripts.extend()(
-        conn, [keys.leases_key(job.origin), job.key], [job.id, 30, execution_id]
-    )
-    return int(extended), taken
+def _extend(conn: redis.Redis, job: Job, execution_id: str) -> verbs.ExtendReply:
+    return verbs.extend(conn, [keys.leases_key(job.origin), job.key], [job.id, 30, execution_id])
 
 
 def _commit_status(conn: redis.Redis, job: Job, execution_id: str) -> None:
@@ -69,14 +66,15 @@ def test_a_lease_member_is_the_job_id_and_a_second_grant_replaces_the_first(conn
     deadline = conn.zscore(keys.leases_key('one'), job.id)
 
     # The older execution's heartbeat is told its lease is gone, and extends nothing.
-    assert _extend(conn, job, older) == (0, b'')
+    lost = _extend(conn, job, older)
+    assert (lost.extended, lost.taken) == (False, '')
     assert conn.zscore(keys.leases_key('one'), job.id) == deadline
     # Its outcome is refused; the newer execution's lands.
     with pytest.raises(OutcomeRefused) as refused:
         _commit_status(conn, job, older)
     assert (refused.value.reason, refused.value.detail) == ('superseded', 'newer')
     assert conn.hget(job.key, 'status') == b'started'
-    assert _extend(conn, job, 'newer')[0] == 1
+    assert _extend(conn, job, 'newer').extended
     _commit_status(conn, job, 'newer')
     assert conn.hget(job.key, 'status') == b'finished'
     assert conn.zcard(keys.leases_key('one')) == 0
@@ -89,7 +87,7 @@ def test_the_new_version_writes_nothing_to_the_key_0_2_0_reads(conn) -> None:
     queue = Queue('apart', connection=conn)
     job, _ = start_job(conn, queue, max_stalled=1)  # expired, counted: a dead letter if judged
     live, _ = start_job(conn, queue, expired=False)
-    assert _extend(conn, live, live.lease_execution)[0] == 1
+    assert _extend(conn, live, live.lease_execution).extended
     _commit_status(conn, live, live.lease_execution)
 
     assert legacy_sweep(conn, 'apart', max_stalled=1) == []
@@ -149,7 +147,8 @@ def test_a_0_2_0_grant_after_a_new_one_keeps_its_own_lease_and_records(conn) -> 
     conn.zadd(keys.wip_key('mixed'), {member: '+inf'})
     conn.hset(keys.execution_key(member), mapping={'id': newer, 'job_id': job.id, 'worker_name': 'old-worker'})
     legacy_grant(conn, 'mixed', job.id, newer)
-    assert _extend(conn, job, older) == (0, b'')  # the older execution has lost its lease
+    lost = _extend(conn, job, older)
+    assert (lost.extended, lost.taken) == (False, '')  # the older execution has lost its lease
     expire(conn, 'mixed', job.id)
 
     report = Sweeper(conn, restart_grace=0).sweep(['mixed'])

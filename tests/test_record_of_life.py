@@ -7,7 +7,7 @@ import pytest
 import redis
 from rq.exceptions import DequeueTimeout
 
-from rq_epoch import Job, Queue, epoch, keys, scripts
+from rq_epoch import Job, Queue, epoch, keys, scripts, verbs
 from rq_epoch.registry import StartedJobRegistry
 from rq_epoch.take import Taker
 from rq_epoch.tickets import take_tickets
@@ -22,8 +22,7 @@ def server_time(conn: redis.Redis) -> float:
 
 def extend(conn: redis.Redis, job_id: str, execution: str) -> None:
     registry = StartedJobRegistry('life', connection=conn)
-    reply = scripts.extend()(conn, registry.extend_keys(job_id), [job_id, 30, execution, keys.PREFIX])
-    assert int(reply[0]) == 1
+    assert verbs.extend(conn, registry.extend_keys(job_id), [job_id, 30, execution, keys.PREFIX]).extended
 
 
 def record(conn: redis.Redis, run_id: str) -> epoch.SeenAlive | None:

@@ -10,7 +10,7 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, keys, scripts
+from rq_epoch import Job, Queue, Sweeper, keys, scripts, verbs
 from tests.leases import OTHER_EPOCH, current_run_id, execution_of, expire, legacy_start_job, start_job
 
 
@@ -263,10 +263,10 @@ def test_extend_after_the_sweep_does_not_bring_the_lease_back(conn) -> None:
     job, member = start_job(conn, queue)
     sweep(conn)
     leases_key = keys.leases_key('default')
-    extended, run_id, _, taken = scripts.extend()(conn, [leases_key, job.key], [job.id, 30, job.lease_execution])
-    assert extended == 0
-    assert run_id.decode() == current_run_id(conn)
-    assert taken == b'recovered'  # the heartbeat learns which verdict took its lease
+    reply = verbs.extend(conn, [leases_key, job.key], [job.id, 30, job.lease_execution])
+    assert not reply.extended
+    assert reply.run_id == current_run_id(conn)
+    assert reply.taken == 'recovered'  # the heartbeat learns which verdict took its lease
     assert conn.zscore(leases_key, member) is None
 
 
@@ -275,13 +275,11 @@ def test_extend_of_a_live_lease_pushes_the_deadline_and_restamps(conn) -> None:
     job, member = start_job(conn, queue, epoch=OTHER_EPOCH, expired=False)
     leases_key = keys.leases_key('default')
     before = conn.zscore(leases_key, member)
-    extended, run_id, deadline, taken = scripts.extend()(
-        conn, [leases_key, job.key], [job.id, 120, job.lease_execution]
-    )
-    assert extended == 1
-    assert taken == b''
-    assert float(deadline) > before
-    assert conn.hget(job.key, 'lease_epoch') == run_id
+    reply = verbs.extend(conn, [leases_key, job.key], [job.id, 120, job.lease_execution])
+    assert reply.extended
+    assert reply.taken == ''
+    assert reply.deadline > before
+    assert conn.hget(job.key, 'lease_epoch') == reply.run_id.encode()
 
 
 def test_dry_run_writes_nothing(conn) -> None:
@@ -295,8 +293,8 @@ def test_dry_run_writes_nothing(conn) -> None:
 
 
 def test_grant_refuses_a_job_that_is_gone(conn) -> None:
-    result = scripts.grant()(conn, [keys.leases_key('default'), keys.job_key('nope')], ['nope', 30, 'x'])
-    assert result[0] == 0
+    reply = verbs.grant(conn, [keys.leases_key('default'), keys.job_key('nope')], ['nope', 30, 'x'])
+    assert not reply.granted and reply.deadline == 0
     assert conn.zcard(keys.leases_key('default')) == 0
     assert not conn.exists(keys.job_key('nope'))
 

@@ -12,6 +12,8 @@
 -- ARGV[3]  optional: only claim this one member
 --
 -- Returns the claimed members.
+--
+-- In Python the reply is read by rq_epoch/verbs.py (claim: a DeadLetterClaim per member).
 
 -- @include _epoch.lua
 

@@ -43,6 +43,9 @@
 --   superseded  a newer execution holds the job; detail is that execution's id
 --   gone        the execution's own earlier commit landed (its lease, or the job, is gone,
 --               or the record of KEYS[4] exists), or the job was cancelled or deleted
+--
+-- In Python the reply is read by rq_epoch/verbs.py (commit, CommitReply: also when the
+-- call replaces an outcome's transaction, see rq_epoch/fence.py).
 
 local rcall, rpcall = redis.call, redis.pcall  -- read from locals, not the global table
 

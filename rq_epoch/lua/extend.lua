@@ -27,6 +27,9 @@
 -- worker can tell the two apart by this execution's identity alone.
 -- Errors with EPOCH_UNAVAILABLE when the server yields no valid run_id (nothing is
 -- written then).
+--
+-- In Python the reply is read by rq_epoch/verbs.py (extend, ExtendReply: also when the
+-- call rides in a heartbeat's pipeline).
 
 -- @include _epoch.lua
 

@@ -34,6 +34,8 @@
 --
 -- A job that the sweep dead-lettered carries `stall_dead`; when it is granted again
 -- (someone requeued it by hand, with any tool) its stall budget starts afresh.
+--
+-- In Python the reply is read by rq_epoch/verbs.py (grant, GrantReply).
 
 -- @include _epoch.lua
 

@@ -32,6 +32,8 @@
 -- has an entry in KEYS[5] or KEYS[2].
 --
 -- Returns the reply of _sweep.lua (more, left_leases, left_stock and left_legacy are 0).
+--
+-- In Python the reply is read by rq_epoch/verbs.py (rescue, SweepReply).
 
 -- @include _epoch.lua
 -- @include _sweep.lua

@@ -93,6 +93,8 @@
 -- left_leases / left_stock / left_legacy are how many entries this call read from KEYS[1] /
 -- KEYS[2] / KEYS[5] and left in place (the caller adds them to its offsets). A record's member is the entry as it was read: the
 -- job id for KEYS[1], "<job_id>:<execution_id>" for KEYS[2] and KEYS[5].
+--
+-- In Python the reply is read by rq_epoch/verbs.py (sweep, SweepReply).
 
 -- @include _epoch.lua
 -- @include _sweep.lua

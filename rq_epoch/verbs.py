@@ -1,0 +1,300 @@
+"""One typed wrapper per server-side script: its call, and the decoding of its reply.
+
+Every reply a script sends is read here, and only here, into a frozen dataclass whose fields
+name what the script's header (``lua/<verb>.lua``) says it returns. The rest of the package
+reads those fields; nothing else knows a reply's shape.
+
+=========  ============================  ==========================================
+script     wrapper                       reply
+=========  ============================  ==========================================
+grant      :func:`grant`                 :class:`GrantReply`
+extend     :func:`extend`                :class:`ExtendReply`
+commit     :func:`commit`                :class:`CommitReply`
+claim      :func:`claim`                 a tuple of :class:`DeadLetterClaim`
+sweep      :func:`sweep`                 :class:`SweepReply`
+rescue     :func:`rescue`                :class:`SweepReply`
+=========  ============================  ==========================================
+
+Some calls are not sent by a wrapper but queued on a pipeline, to ride in a round trip that
+RQ sends anyway: the grant and the extend in RQ's own transactions (``registry.py``), the
+commit in place of an outcome's transaction (``fence.py``). Their replies come back from the
+pipeline and are read with the same ``read`` of the reply's class (:meth:`ExtendReply.read`,
+:meth:`CommitReply.read`).
+
+:func:`scripts.take`, :func:`scripts.watch` and :func:`scripts.ticket` are read by the
+modules that call them (``take.py``, ``tickets.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
+
+from . import scripts
+from .compat import text
+from .report import LeaseVerdict
+from .server import PrimaryState
+from .verdicts import Verdict
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+__all__ = [
+    'CommitReply',
+    'DeadLetterClaim',
+    'ExtendReply',
+    'GrantReply',
+    'SweepReply',
+    'claim',
+    'commit',
+    'extend',
+    'grant',
+    'rescue',
+    'sweep',
+]
+
+
+# -- grant -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrantReply:
+    """What the grant script did (``lua/grant.lua``)."""
+
+    #: False when the job hash is gone (nothing was written).
+    granted: bool
+    #: The server process that stamped the lease (the epoch).
+    run_id: str
+    #: The lease's deadline, server time in seconds; 0 when not granted.
+    deadline: float
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> GrantReply:
+        """Decode the script's reply ``{granted, run_id, deadline}``."""
+        granted, run_id, deadline = raw
+        return cls(granted=int(granted) == 1, run_id=text(run_id), deadline=float(text(deadline)))
+
+
+def grant(connection: Redis, keys: list[str], args: list[Any]) -> GrantReply:
+    """Run the grant script (KEYS and ARGV as in ``lua/grant.lua``)."""
+    return GrantReply.read(scripts.grant()(connection, keys, args))
+
+
+# -- extend ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExtendReply:
+    """What a heartbeat's extend script found (``lua/extend.lua``)."""
+
+    #: True when the lease was this execution's and was extended.
+    extended: bool
+    #: The server process that stamped the lease (the epoch now).
+    run_id: str
+    #: The lease's new deadline, server time in seconds; 0 when not extended.
+    deadline: float
+    #: When not extended: the verdict of the sweep that took this execution's lease (its
+    #: record ``taken:<execution_id>`` in the job hash), or '' when no sweep took it (the
+    #: execution's own outcome ended the lease, or a newer grant replaced it).
+    taken: str
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> ExtendReply:
+        """Decode the script's reply ``{extended, run_id, deadline, taken}``."""
+        extended, run_id, deadline, taken = raw
+        return cls(extended=int(extended) == 1, run_id=text(run_id), deadline=float(text(deadline)), taken=text(taken))
+
+
+def extend(connection: Redis, keys: list[str], args: list[Any]) -> ExtendReply:
+    """Run the extend script (KEYS and ARGV as in ``lua/extend.lua``)."""
+    return ExtendReply.read(scripts.extend()(connection, keys, args))
+
+
+# -- commit ------------------------------------------------------------------------------
+
+#: The first element of the commit script's reply: refused, or the outcome lands for an
+#: execution that holds its lease (2: for one that was never granted a lease).
+_REFUSED, _LEASED = 0, 1
+
+
+@dataclass(frozen=True)
+class CommitReply:
+    """What the commit script decided about an execution's outcome (``lua/commit.lua``).
+
+    When the outcome lands, ``replies`` has one reply per command the script ran (an error
+    reply where a command failed, as in ``MULTI``/``EXEC``). When it is refused, nothing was
+    written and ``reason``, ``detail`` and ``holder`` say why (see
+    :class:`rq_epoch.OutcomeRefused`).
+    """
+
+    #: The outcome lands: the execution holds its lease, or was never granted one and
+    #: nobody took over.
+    lands: bool
+    #: The execution held its lease (False for one never granted a lease, and for a refusal).
+    leased: bool
+    #: One reply per command, when the outcome lands.
+    replies: tuple[Any, ...] = ()
+    #: Why the outcome was refused: ``taken``, ``superseded`` or ``gone``; '' when it lands.
+    reason: str = ''
+    #: The verdict of the sweep that took the lease (``taken``), or the newer execution's id
+    #: (``superseded``).
+    detail: str = ''
+    #: The job's ``lease_execution`` when the outcome was refused ('' if none).
+    holder: str = ''
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> CommitReply:
+        """Decode ``{1, reply...}`` (leased), ``{2, reply...}`` (never granted) or
+        ``{0, reason, detail, holder}`` (refused)."""
+        status, *rest = raw
+        status = int(status)
+        if status == _REFUSED:
+            reason, detail, holder = rest
+            return cls(lands=False, leased=False, reason=text(reason), detail=text(detail), holder=text(holder))
+        return cls(lands=True, leased=status == _LEASED, replies=tuple(rest))
+
+
+def commit(connection: Redis, keys: list[str], args: list[Any]) -> CommitReply:
+    """Run the commit script (KEYS and ARGV as in ``lua/commit.lua``)."""
+    return CommitReply.read(scripts.commit()(connection, keys, args))
+
+
+# -- claim -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetterClaim:
+    """A dead letter a claim took: its entry ``<queue>|<job_id>`` of ``<prefix>:epoch:finishing``."""
+
+    queue: str
+    job_id: str
+
+    @property
+    def member(self) -> str:
+        """The entry as the finishing set holds it."""
+        return f'{self.queue}|{self.job_id}'
+
+    @classmethod
+    def read(cls, raw: Any) -> DeadLetterClaim:
+        """Decode one member of the claim script's reply."""
+        queue, _, job_id = text(raw).partition('|')
+        return cls(queue=queue, job_id=job_id)
+
+
+def claim(connection: Redis, keys: list[str], args: list[Any]) -> tuple[DeadLetterClaim, ...]:
+    """Run the claim script (KEYS and ARGV as in ``lua/claim.lua``): the dead letters it claimed."""
+    return tuple(DeadLetterClaim.read(member) for member in scripts.claim()(connection, keys, args))
+
+
+# -- sweep and rescue --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepReply:
+    """What one call of the sweep or rescue script did (``reply`` in ``lua/_sweep.lua``)."""
+
+    #: The server process the call ran on (the epoch), and its uptime in seconds.
+    run_id: str
+    uptime: int
+    #: The server's TIME during the call, in seconds.
+    now: float
+    #: The server's role and primary epoch as the call saw them.
+    primary: PrimaryState
+    #: True when a batch was full: the caller calls again (sweep only).
+    more: bool
+    #: Entries the call read and left in place (deferred; every one in a dry run), from the
+    #: leases, RQ's started registry and the 0.2.0 leases: the caller adds them to its offsets.
+    left_leases: int
+    left_stock: int
+    left_legacy: int
+    #: One verdict per entry judged (or deferred), in the order the script judged them.
+    verdicts: tuple[LeaseVerdict, ...]
+
+    @classmethod
+    def read(cls, raw: Sequence[Any], queue: str) -> SweepReply:
+        """Decode the reply of a call for ``queue``: ``{run_id, uptime, now, role,
+        primary_age, replicas_online, replicas_expected, first_seen_as_primary, more,
+        left_leases, left_stock, left_legacy, n, records}``, the n records in one string, a
+        line each (see :func:`_lease_verdict`)."""
+        (
+            run_id,
+            uptime,
+            now,
+            role,
+            age,
+            online,
+            expected,
+            first,
+            more,
+            left_leases,
+            left_stock,
+            left_legacy,
+            n,
+            records,
+        ) = raw
+        run_id = text(run_id)
+        lines = records.split(b'\n') if int(n) else []
+        return cls(
+            run_id=run_id,
+            uptime=int(uptime),
+            now=float(text(now)),
+            primary=PrimaryState(
+                role=text(role),
+                age=float(text(age)),
+                first_seen=float(text(first)),
+                replicas_online=int(online),
+                replicas_expected=int(expected),
+            ),
+            more=int(more) == 1,
+            left_leases=int(left_leases),
+            left_stock=int(left_stock),
+            left_legacy=int(left_legacy),
+            verdicts=tuple(_lease_verdict(queue, run_id, line) for line in lines),
+        )
+
+
+def sweep(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> SweepReply:
+    """Run the sweep script on ``queue`` (KEYS and ARGV as in ``lua/sweep.lua``)."""
+    return SweepReply.read(scripts.sweep()(connection, keys, args), queue)
+
+
+def rescue(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> SweepReply:
+    """Run the rescue script on ``queue`` (KEYS and ARGV as in ``lua/rescue.lua``)."""
+    return SweepReply.read(scripts.rescue()(connection, keys, args), queue)
+
+
+#: Verdicts by their name as the scripts write it.
+_VERDICTS = {verdict.value.encode(): verdict for verdict in Verdict}
+
+
+def _field(raw: bytes) -> str:
+    """A member or lease epoch of a record; the script percent-encoded it when it held a
+    space, a newline or '%'."""
+    return unquote_to_bytes(raw).decode('utf-8', 'replace')
+
+
+def _lease_verdict(queue: str, run_id: str, line: bytes) -> LeaseVerdict:
+    """One record line: ``<verdict> <stalled> <max_stalled> <member> <lease_epoch>``.
+
+    The member is the entry as the script read it: a job id (a lease, or the rescue's entry
+    of RQ's intermediate list) or ``<job_id>:<execution_id>`` (a 0.2.0 lease, or a stock
+    worker's entry of RQ's registry); ``job_id`` is the job it names, '' for a member of
+    neither shape.
+    """
+    verdict, stalled, max_stalled, member, lease_epoch = line.split(b' ')
+    member_text = _field(member)
+    job_id, colon, execution_id = member_text.partition(':')
+    if colon and not (job_id and execution_id and ':' not in execution_id):
+        job_id = ''
+    return LeaseVerdict(
+        queue=queue,
+        member=member_text,
+        job_id=job_id,
+        verdict=_VERDICTS[verdict],
+        stalled=int(stalled),
+        max_stalled=int(max_stalled),
+        lease_epoch=_field(lease_epoch),
+        run_id=run_id,
+    )
