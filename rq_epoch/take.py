@@ -50,7 +50,6 @@ by one warning.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import time
@@ -63,10 +62,10 @@ import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.utils import get_version
 
-from . import keys, scripts
-from .compat import text
+from . import keys, verbs
 from .errors import RqEpochError
 from .failover import is_outage
+from .verbs import Role
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -229,17 +228,6 @@ class TakerCounters:
     claims: int = 0
 
 
-class Role(enum.IntEnum):
-    """A taker's place among the idle workers of a set of queues (the reply of ``watch.lua``)."""
-
-    #: Waits on the bench: a long ``BLPOP`` on the baton list.
-    NEITHER = 0
-    #: Waits for the baton with short ``BLPOP``\ s, and takes the watch over when its watcher died.
-    DEPUTY = 1
-    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
-    WATCHER = 2
-
-
 class Taker:
     """Takes jobs for one worker: the atomic take, and the wait for the next job.
 
@@ -303,15 +291,14 @@ class Taker:
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
         try:
-            reply = scripts.take()(self.connection, script_keys, [])
+            reply = verbs.take(self.connection, script_keys)
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
-        index = int(reply[0])
-        if index == 0:
+        if reply.index is None:
             self.counters.empty_takes += 1
             return None
-        queue, job_id = queues[index - 1], text(reply[1])
+        queue, job_id = queues[reply.index], reply.job_id
         self.taken(queue, job_id)
         return queue, job_id
 
@@ -536,11 +523,10 @@ class Taker:
         script_keys = [keys.watch_key(set_id), keys.deputy_key(set_id), keys.baton_key(set_id)]
         ttl_ms = max(1, int(self.watch_ttl * 1000))
         try:
-            reply = scripts.watch()(self.connection, script_keys, [action, self.name, ttl_ms, keys.PREFIX])
+            return verbs.watch(self.connection, script_keys, [action, self.name, ttl_ms, keys.PREFIX])
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
-        return Role(int(reply))
 
     def _wait_for_baton(self, set_id: str, seconds: float) -> bool:
         """Block on the baton list up to ``seconds`` (``BLPOP`` on the main connection); True when

@@ -10,25 +10,15 @@ listen on a queue, its sweep script runs about once per interval. The cron sweep
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import keys, scripts
+from . import keys, verbs
+from .verbs import SweepTickets
 
 if TYPE_CHECKING:
     from redis import Redis
 
 __all__ = ['SweepTickets', 'take_tickets', 'ticket_min_age_ms']
-
-
-@dataclass(frozen=True)
-class SweepTickets:
-    """The reply of the ``ticket`` script."""
-
-    #: The server's time of the call, in milliseconds.
-    now_ms: int
-    #: The queues the caller won: it sweeps these now, nobody else does until the next interval.
-    granted: tuple[str, ...]
 
 
 def ticket_min_age_ms(interval: float) -> int:
@@ -44,8 +34,4 @@ def ticket_min_age_ms(interval: float) -> int:
 def take_tickets(connection: Redis, queue_names: Sequence[str], interval: float) -> SweepTickets:
     """Ask for the sweep tickets of ``queue_names`` (one script call); returns the queues won."""
     names = list(queue_names)
-    reply = scripts.ticket()(connection, [keys.tickets_key()], [ticket_min_age_ms(interval), keys.PREFIX, *names])
-    flags = [int(flag) for flag in reply[1:]]
-    return SweepTickets(
-        now_ms=int(reply[0]), granted=tuple(name for name, flag in zip(names, flags, strict=True) if flag)
-    )
+    return verbs.ticket(connection, [keys.tickets_key()], [ticket_min_age_ms(interval), keys.PREFIX, *names], names)

@@ -13,6 +13,9 @@ commit     :func:`commit`                :class:`CommitReply`
 claim      :func:`claim`                 a tuple of :class:`DeadLetterClaim`
 sweep      :func:`sweep`                 :class:`SweepReply`
 rescue     :func:`rescue`                :class:`SweepReply`
+take       :func:`take`                  :class:`TakeReply`
+watch      :func:`watch`                 :class:`Role`
+ticket     :func:`ticket`                :class:`SweepTickets`
 =========  ============================  ==========================================
 
 Some calls are not sent by a wrapper but queued on a pipeline, to ride in a round trip that
@@ -21,12 +24,11 @@ commit in place of an outcome's transaction (``fence.py``). Their replies come b
 pipeline and are read with the same ``read`` of the reply's class (:meth:`ExtendReply.read`,
 :meth:`CommitReply.read`).
 
-:func:`scripts.take`, :func:`scripts.watch` and :func:`scripts.ticket` are read by the
-modules that call them (``take.py``, ``tickets.py``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,13 +48,19 @@ __all__ = [
     'DeadLetterClaim',
     'ExtendReply',
     'GrantReply',
+    'Role',
     'SweepReply',
+    'SweepTickets',
+    'TakeReply',
     'claim',
     'commit',
     'extend',
     'grant',
     'rescue',
     'sweep',
+    'take',
+    'ticket',
+    'watch',
 ]
 
 
@@ -263,6 +271,73 @@ def sweep(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> Sw
 def rescue(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> SweepReply:
     """Run the rescue script on ``queue`` (KEYS and ARGV as in ``lua/rescue.lua``)."""
     return SweepReply.read(scripts.rescue()(connection, keys, args), queue)
+
+
+# -- take, watch, ticket: the idle fleet ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TakeReply:
+    """What the take script moved (``lua/take.lua``)."""
+
+    #: The position in the call's queues (0-based) of the queue the job came from; None when
+    #: every queue was empty.
+    index: int | None
+    #: The job's id; '' when every queue was empty.
+    job_id: str
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> TakeReply:
+        """Decode ``{i, job_id}`` (1-based ``i``), or ``{0}`` when nothing was taken."""
+        position = int(raw[0])
+        if position == 0:
+            return cls(index=None, job_id='')
+        return cls(index=position - 1, job_id=text(raw[1]))
+
+
+def take(connection: Redis, keys: list[str]) -> TakeReply:
+    """Run the take script (KEYS as in ``lua/take.lua``)."""
+    return TakeReply.read(scripts.take()(connection, keys, []))
+
+
+class Role(enum.IntEnum):
+    """A worker's place among the idle workers of a set of queues (``lua/watch.lua``'s reply)."""
+
+    #: Waits on the bench: a long ``BLPOP`` on the baton list.
+    NEITHER = 0
+    #: Waits for the baton with short ``BLPOP``\ s, and takes the watch over when its watcher died.
+    DEPUTY = 1
+    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
+    WATCHER = 2
+
+
+def watch(connection: Redis, keys: list[str], args: list[Any]) -> Role:
+    """Run the watch script (KEYS and ARGV as in ``lua/watch.lua``): the caller's place
+    (claim), or the place it left (leave)."""
+    return Role(int(scripts.watch()(connection, keys, args)))
+
+
+@dataclass(frozen=True)
+class SweepTickets:
+    """The sweep tickets a worker was granted (``lua/ticket.lua``)."""
+
+    #: The server's time of the call, in milliseconds.
+    now_ms: int
+    #: The queues the caller won: it sweeps these now, nobody else does until the next interval.
+    granted: tuple[str, ...]
+
+    @classmethod
+    def read(cls, raw: Sequence[Any], queue_names: Sequence[str]) -> SweepTickets:
+        """Decode ``{now_ms, g1, ..., gn}``: one flag per queue of the call, in order."""
+        flags = [int(flag) == 1 for flag in raw[1:]]
+        granted = tuple(name for name, flag in zip(queue_names, flags, strict=True) if flag)
+        return cls(now_ms=int(raw[0]), granted=granted)
+
+
+def ticket(connection: Redis, keys: list[str], args: list[Any], queue_names: Sequence[str]) -> SweepTickets:
+    """Run the ticket script (KEYS and ARGV as in ``lua/ticket.lua``; ``queue_names`` are
+    the names its ARGV ends with)."""
+    return SweepTickets.read(scripts.ticket()(connection, keys, args), queue_names)
 
 
 #: Verdicts by their name as the scripts write it.
