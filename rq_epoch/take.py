@@ -123,6 +123,16 @@ class Waker:
         self._pool = connection.connection_pool
         self._connection: AbstractConnection | None = None
 
+    def connect(self) -> None:
+        """Open the connection now, if it is not open (:meth:`arm` opens it otherwise).
+
+        Raises:
+            TrackingRefused: the server refused RESP3 or client tracking (the connection is closed).
+            redis.exceptions.ConnectionError: the connection failed (it is closed).
+        """
+        if self._connection is None:
+            self._connect()
+
     def _connect(self) -> AbstractConnection:
         connection = _dedicated_connection(self._pool)
         try:
@@ -456,6 +466,11 @@ class Taker:
     def _wait_watched(self, queue_keys: Sequence[str], deadline: float) -> bool:
         """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton."""
         set_id = keys.queue_set_id(queue_keys)
+        if self._waker is None:
+            self._waker = Waker(self.connection)
+        # Every idle worker opens its wake-up connection when it first waits, watcher or
+        # not, so that taking the watch over later costs no connection in a job's path.
+        self._waker.connect()
         armed = False
         baton = False  # whether this turn follows a token popped from the baton list
         for _ in range(1_000_000):  # each turn waits until a job, a baton, a refresh or the deadline
@@ -480,8 +495,6 @@ class Taker:
             remaining = min(remaining, self._watch_deadline - time.monotonic())
             if remaining <= 0:
                 return False  # the watcher's turn in RQ's loop: heartbeat and sweep
-            if self._waker is None:
-                self._waker = Waker(self.connection)
             if not armed:
                 if self._waker.arm(queue_keys):
                     return True
