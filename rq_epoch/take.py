@@ -40,8 +40,10 @@ Waiters (the deputy among them) sleep: they take nothing and sweep nothing, and 
 to RQ's loop (which heartbeats) only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by
 default), as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
 interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
-for the idle fleet. A worker alone on one queue (RQ's ``BLMOVE``) and a worker that polls
-also go back once per sweep interval: nobody watches for them.
+for the idle fleet. A worker alone on one queue blocks in RQ's ``BLMOVE`` (which wakes one
+worker per job) and goes back to RQ's loop once per sweep interval when it won the queue's
+sweep ticket last time, else every :attr:`Taker.bench_wait` seconds. A worker that polls goes
+back once per sweep interval.
 
 No server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING``
 gets a short poll instead (one take every :attr:`Taker.poll_interval` seconds), announced
@@ -233,6 +235,8 @@ class TakerCounters:
     handoffs: int = 0
     #: Times it became the deputy (the waiter that takes over a watcher that died).
     deputy_terms: int = 0
+    #: Blocking moves (RQ's ``BLMOVE``) of a worker alone on one queue.
+    blocking_moves: int = 0
     #: Calls of ``watch.lua``'s claim: the watcher's refreshes, the deputy's turns, a waiter's
     #: claim after a token or a timeout.
     claims: int = 0
@@ -278,6 +282,11 @@ class Taker:
         self._polling = not self.tracking
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
+        #: Whether this worker won a sweep ticket at its last sweep (the worker sets it): a
+        #: worker alone on one queue then waits one sweep interval at a time, else
+        #: :attr:`bench_wait`, so that only the fleet's sweeper of an idle queue wakes each
+        #: interval.
+        self.sweeping = True
         #: The set of queues (:func:`rq_epoch.keys.queue_set_id`) this taker last claimed a
         #: place in, the place, and when (``time.monotonic()``; None: claim at the next turn).
         self._set: str | None = None
@@ -355,12 +364,15 @@ class Taker:
     ) -> tuple[RQJob, Queue] | None:
         queues = list(queues)
         if len(queues) == 1 and get_version(self.connection) >= (6, 2, 0):
-            # RQ moves the job into the intermediate list itself (BLMOVE), and blocks; no
-            # longer than a sweep interval, so that RQ's loop sweeps on time.
+            # RQ moves the job into the intermediate list itself (BLMOVE), and blocks: one
+            # sweep interval when this worker swept the queue last (so that RQ's loop sweeps
+            # it on time), else a bench's wait (another worker sweeps it).
             base: Any = queue_class.__mro__[1]
+            wait = self.sweep_interval if self.sweeping else self.bench_wait
+            self.counters.blocking_moves += 1
             return base.dequeue_any(
                 queues,
-                None if timeout is None else max(1, min(timeout, math.ceil(self.sweep_interval))),
+                None if timeout is None else max(1, min(timeout, math.ceil(wait))),
                 connection=connection or self.connection,
                 job_class=job_class,
                 serializer=serializer,

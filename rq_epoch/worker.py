@@ -509,6 +509,7 @@ class Worker(Heartbeats):
         self._last_sweep = time.monotonic()
         try:
             tickets = take_tickets(self.connection, self.queue_names(), self.epoch_settings.sweep_interval)
+            self.taker.sweeping = bool(tickets.granted)
             if not tickets.granted:
                 return None
             sweeper = Sweeper(

@@ -145,6 +145,25 @@ def test_idle_waiters_sleep_while_the_watcher_and_its_deputy_keep_watch(conn, st
     pytest.fail('the watch or the deputy changed hands in three windows in a row')
 
 
+def test_idle_workers_alone_on_one_queue_sleep_but_the_one_that_sweeps_it(conn, start_worker) -> None:
+    """Workers on one queue wait in RQ's BLMOVE; only the winner of its sweep ticket goes back
+    to RQ's loop each interval (to sweep it), the others every 30 s."""
+    fleet = [start_worker('fleet-one', worker_class=COUNTING, env={'RQ_EPOCH_SWEEP_INTERVAL': '1'}) for _ in range(4)]
+    wait_for(lambda: conn.scard(keys.workers_key()) == len(fleet), 60, what='4 workers registered')
+    wait_for(lambda: all(counter(worker, 'blocking_moves') for worker in fleet), 30, what='every worker waiting')
+    before = {worker.pid: counter(worker, 'blocking_moves') for worker in fleet}
+    granted = int(conn.hget(keys.tickets_key(), 'count:fleet-one') or 0)
+    wait_for(
+        lambda: int(conn.hget(keys.tickets_key(), 'count:fleet-one') or 0) >= granted + 3,
+        30,
+        what='three more sweeps of the queue',
+    )
+    active = [worker.pid for worker in fleet if counter(worker, 'blocking_moves') != before[worker.pid]]
+    assert len(active) == 1, active
+    job = Queue('fleet-one', connection=conn).enqueue('tests.jobs.add', 1, 2)
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, what='the job done')
+
+
 def test_a_job_starts_within_a_sweep_interval_after_the_idle_watcher_is_killed(conn, start_worker) -> None:
     interval = 3
     fleet = start_fleet(start_worker, conn, 3, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
