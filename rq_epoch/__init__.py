@@ -6,7 +6,6 @@ or failover without counting them, counts only real worker deaths, and dead-lett
 that keeps killing its workers.
 """
 
-from .epoch import is_counted, is_exempt, is_valid_run_id
 from .errors import (
     ConfigurationError,
     EpochUnavailableError,
@@ -15,19 +14,21 @@ from .errors import (
     ServerOutageError,
     StalledJobError,
 )
-from .failover import PrimaryWatch
-from .fence import Fence
-from .flavours import HerokuWorker, SimpleWorker, SpawnWorker
-from .job import EpochJobMixin, Job
-from .jobclass import epoch_job_class, is_epoch_job_class
-from .queue import Queue
-from .registry import StartedJobRegistry
-from .report import LeaseVerdict, SweepReport
-from .server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
+from .jobs.job import EpochJobMixin, Job, StartedJobRegistry
+from .jobs.jobclass import epoch_job_class, is_epoch_job_class
+from .jobs.queue import Queue
+from .protocol.epoch import is_counted, is_exempt, is_valid_run_id
+from .protocol.report import LeaseVerdict, SweepReport
+from .protocol.server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
+from .protocol.verdicts import Verdict
 from .settings import EpochSettings
 from .sweep import Sweeper
-from .verdicts import Verdict
-from .worker import Worker
+from .worker import HerokuWorker, PrimaryWatch, SimpleWorker, SpawnWorker, Worker
+from .worker.fence import Fence
+
+# The layers, put together: the started registry's cleanup is the sweep, a layer above the
+# registry's (see "The layers" in docs/design.md).
+StartedJobRegistry.sweeper_class = Sweeper
 
 #: The one place the version is written: setup.cfg reads it (``version = attr: rq_epoch.__version__``).
 __version__ = '0.3.0.dev0'

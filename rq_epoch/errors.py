@@ -49,7 +49,7 @@ class ServerOutageError(RqEpochError, redis.exceptions.ConnectionError):
     loading its data).
 
     It is a redis-py ``ConnectionError``: a worker rides it out like a server that does not
-    answer (see :mod:`rq_epoch.failover`).
+    answer (see :mod:`rq_epoch.worker.failover`).
     """
 
 
@@ -64,7 +64,7 @@ class StalledJobError(RqEpochError, AbandonedJobError):
 class OutcomeRefused(BaseException):
     """The server refused an execution's outcome: a newer holder has the job.
 
-    Raised by the fenced commit (see :mod:`rq_epoch.fence`) when the execution no longer
+    Raised by the fenced commit (see :mod:`rq_epoch.worker.fence`) when the execution no longer
     holds its lease; nothing of the outcome was written. ``reason`` is ``taken`` (a sweep
     took the lease; ``detail`` is its verdict), ``superseded`` (``detail`` is the newer
     execution's id) or ``gone`` (no sign of a newer holder: the execution's own earlier

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from rq.job import Job as RQJob
 from rq.registry import StartedJobRegistry as RQStartedJobRegistry
 
-from .. import keys
 from ..compat import text as _text
-from ..job import Job
-from ..sweep import LeaseVerdict
-from ..verdicts import Verdict
+from ..jobs.job import Job
+from ..protocol import keys
+from ..protocol.report import LeaseVerdict
+from ..protocol.verdicts import Verdict
 from .common import MAX_STALLED, RESTART_GRACE
 from .common import short as _short
 

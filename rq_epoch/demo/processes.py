@@ -15,14 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..embedded import EmbeddedServer, ServerNotAvailable
 from ..pids import HAS_PROC, carries, children_of, is_alive, send_signal
 from .common import HEARTBEAT, LEASE_MARGIN, MAX_STALLED, RESTART_GRACE, STOCK_WORKER, DemoError
 from .jobs import DEMO_MARKER, STOCK_MARGIN_ENV
-
-if TYPE_CHECKING:
-    from ..embedded import EmbeddedServer
 
 
 @dataclass
@@ -134,8 +132,6 @@ class Processes:
 
 def start_server(folder: Path) -> EmbeddedServer:
     """Start an embedded Valkey server with its data in ``folder``."""
-    from ..embedded import EmbeddedServer, ServerNotAvailable
-
     try:
         server = EmbeddedServer('valkey', data_dir=folder / 'valkey')
     except ServerNotAvailable as exc:

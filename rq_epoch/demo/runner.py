@@ -24,10 +24,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
-from .. import keys
 from ..compat import text as _text
 from ..errors import RqEpochError
-from ..sweep import read_epoch
+from ..protocol import keys
+from ..protocol.server import read_epoch
 from .common import SWEEP_EVERY, DemoError
 from .ledger import print_ledger, print_side_by_side
 from .processes import Processes, interruptible, start_server

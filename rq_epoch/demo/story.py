@@ -25,11 +25,12 @@ from rq import Retry
 from rq.job import Job as RQJob
 from rq.queue import Queue as RQQueue
 
-from .. import keys
 from ..compat import text as _text
-from ..queue import Queue
+from ..jobs.queue import Queue
+from ..protocol import keys
+from ..protocol.server import read_epoch
 from ..settings import EpochSettings
-from ..sweep import Sweeper, read_epoch
+from ..sweep.sweeper import Sweeper
 from .common import (
     DOWNTIME,
     HEARTBEAT,

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from rq.job import Job as RQJob
 from rq.utils import import_attribute
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 from .job import EpochJobMixin, Job
 
 __all__ = ['adopt', 'epoch_job_class', 'is_epoch_job_class', 'resolve_job_class']

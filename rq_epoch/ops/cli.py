@@ -26,20 +26,23 @@ import click
 import redis.exceptions
 from click.core import ParameterSource
 
-from . import __version__, keys
+from .. import __version__
+from ..errors import ConfigurationError, RqEpochError
+from ..jobs.job import Job
+from ..protocol import keys
+from ..protocol.report import LeaseVerdict, SweepReport
+from ..protocol.server import read_epoch
+from ..protocol.verdicts import Verdict
+from ..settings import EpochSettings
+from ..sweep.sweeper import Sweeper
+from ..worker.worker import wait_while_unavailable
 from .cli_config import CliConfig, F, fail, pass_cli_config, server_errors
-from .errors import ConfigurationError, RqEpochError
 from .formatting import format_job, format_primary, format_status, format_sweep, one_line
-from .job import Job
+from .history import job_history
 from .metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
-from .metrics import DEFAULT_SCAN_LIMIT
-from .page import DEFAULT_REFRESH, DEFAULT_SWEEPS_STOPPED_AFTER
-from .report import LeaseVerdict, SweepReport
-from .server import read_epoch
-from .settings import EpochSettings
+from .metrics import DEFAULT_SCAN_LIMIT, EpochCollector, metrics_app
+from .page import DEFAULT_REFRESH, DEFAULT_SWEEPS_STOPPED_AFTER, ExporterApp, PageSettings, WebServer
 from .status import read_status, server_now
-from .sweep import Sweeper
-from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -253,8 +256,6 @@ def status(
 def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[str], as_json: bool) -> None:
     from rq.exceptions import NoSuchJobError
 
-    from .history import job_history
-
     with server_errors(cli_config), cli_logging():
         connection = cli_config.connection
         current = read_epoch(connection)
@@ -327,9 +328,6 @@ def exporter(
     """
     import signal
     import threading
-
-    from .metrics import EpochCollector, metrics_app
-    from .page import ExporterApp, PageSettings, WebServer
 
     settings = _settings(grace=grace)
     names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read RQ's set of queues at each scrape
@@ -420,8 +418,6 @@ def worker(ctx: click.Context) -> None:
     def wait_for_server(connection: Redis, name: str | None) -> None:
         from rq.suspension import is_suspended
 
-        from .worker import wait_while_unavailable
-
         log = logging.getLogger('rq.worker')
         started = time.monotonic()
         try:
@@ -489,7 +485,9 @@ def demo(url: str | None, no_stock: bool) -> None:
     real `rq worker` processes, and plays the story twice. Takes about a minute; Ctrl-C
     stops it and removes everything it started.
     """
-    from .demo import DemoError, run_demo
+    # The demo is apart from the core (it starts its own server and stock workers): loaded
+    # only when it is played, not by every command. Nothing it imports imports this module.
+    from ..demo import DemoError, run_demo
 
     try:
         code = run_demo(url=url, stock=not no_stock)

@@ -17,11 +17,11 @@ from rq.defaults import DEFAULT_CONNECTION_CLASS, DEFAULT_SERIALIZER_CLASS
 from rq.serializers import resolve_serializer
 from rq.utils import import_attribute
 
-from . import keys
-from .errors import ConfigurationError, RqEpochError
+from ..errors import ConfigurationError, RqEpochError
+from ..jobs.job import Job
+from ..jobs.jobclass import epoch_job_class
+from ..protocol import keys
 from .formatting import one_line
-from .job import Job
-from .jobclass import epoch_job_class
 from .status import all_queue_names
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """The human form of the CLI's reports: sweep summaries, status, a job's history.
 
 Each function returns lines; the commands print them. The data come from
-:class:`rq_epoch.SweepReport`, :func:`rq_epoch.status.read_status` and
-:func:`rq_epoch.history.job_history`.
+:class:`rq_epoch.SweepReport`, :func:`rq_epoch.ops.status.read_status` and
+:func:`rq_epoch.ops.history.job_history`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .report import LeaseVerdict, SweepReport
-from .server import PrimaryState, ServerEpoch
-from .settings import EpochSettings
+from ..protocol.report import LeaseVerdict, SweepReport
+from ..protocol.server import PrimaryState, ServerEpoch
+from ..protocol.verdicts import Verdict
+from ..settings import EpochSettings
 from .status import STATUS_SCAN_LIMIT, grace_left
-from .verdicts import Verdict
 
 __all__ = ['format_job', 'format_primary', 'format_status', 'format_sweep', 'format_verdict', 'one_line']
 

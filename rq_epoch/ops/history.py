@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rq.job import JobStatus
 
-from . import keys
-from .compat import text
-from .errors import StalledJobError
-from .job import Job
+from ..compat import text
+from ..errors import StalledJobError
+from ..jobs.job import Job
+from ..protocol import keys
 
 if TYPE_CHECKING:
     from redis import Redis

@@ -13,7 +13,7 @@ up to ``scan_limit`` entries.
 =========  =================================================================================
 round trip what it reads
 =========  =================================================================================
-1          :func:`rq_epoch.server.read_epoch`: ``INFO server`` (the run_id)
+1          :func:`rq_epoch.protocol.server.read_epoch`: ``INFO server`` (the run_id)
 2          pipelined: ``TIME``, ``INFO replication``, the primaries record
            (``<prefix>:epoch:primaries``, for the age of the epoch), the record of life
            (``<prefix>:epoch:alive``, for leases of an earlier process that ran out while it
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from . import epoch, keys
-from .compat import optional_text, text
-from .errors import RqEpochError
-from .job import stalled_count
-from .server import PrimaryState, ServerEpoch, primary_state, read_epoch
-from .settings import EpochSettings
-from .verdicts import Verdict
+from ..compat import optional_text, text
+from ..errors import RqEpochError
+from ..jobs.job import stalled_count
+from ..protocol import epoch, keys
+from ..protocol.server import PrimaryState, ServerEpoch, primary_state, read_epoch
+from ..protocol.verdicts import Verdict
+from ..settings import EpochSettings
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -372,7 +372,7 @@ class EpochCollector:
     Register it in any registry::
 
         from prometheus_client import CollectorRegistry
-        from rq_epoch.metrics import EpochCollector
+        from rq_epoch.ops.metrics import EpochCollector
 
         registry = CollectorRegistry()
         registry.register(EpochCollector(redis_connection))

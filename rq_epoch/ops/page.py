@@ -12,7 +12,7 @@ path               what it shows
                    each linking to its job page
 ``/job/<id>``      one job's stall history, as ``rq-epoch status --job`` shows it, with its
                    function, description and latest exception text
-``/metrics``       the Prometheus metrics (:class:`rq_epoch.metrics.EpochCollector`)
+``/metrics``       the Prometheus metrics (:class:`rq_epoch.ops.metrics.EpochCollector`)
 =================  ====================================================================
 
 The page writes nothing and has no action: every method but GET is answered ``405``. It is
@@ -39,16 +39,16 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import redis.exceptions
 from rq.exceptions import NoSuchJobError
 
-from . import keys
-from .compat import optional_text
-from .errors import RqEpochError
+from ..compat import optional_text
+from ..errors import RqEpochError
+from ..jobs.job import Job
+from ..protocol import keys
+from ..protocol.server import read_epoch
+from ..protocol.verdicts import Verdict
+from ..settings import EpochSettings
 from .formatting import duration
 from .history import job_history
-from .job import Job
-from .server import read_epoch
-from .settings import EpochSettings
 from .status import Status, grace_left, read_status
-from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -148,7 +148,7 @@ def document(title: str, body: str, refresh: int) -> str:
 
 
 class StatusPage:
-    """The page at ``/``: the server's epoch and every queue, from :func:`rq_epoch.status.read_status`."""
+    """The page at ``/``: the server's epoch and every queue, from :func:`rq_epoch.ops.status.read_status`."""
 
     def __init__(self, connection: Redis, settings: PageSettings) -> None:
         self.connection = connection

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from rq.job import Job as RQJob
 
-from . import keys
-from .compat import text
-from .job import stalled_count
-from .report import SweepReport
-from .server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
-from .settings import EpochSettings
-from .sweep import Sweeper
-from .verdicts import Verdict
+from ..compat import text
+from ..jobs.job import stalled_count
+from ..protocol import keys
+from ..protocol.report import SweepReport
+from ..protocol.server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
+from ..protocol.verdicts import Verdict
+from ..settings import EpochSettings
+from ..sweep.sweeper import Sweeper
 
 if TYPE_CHECKING:
     from redis import Redis

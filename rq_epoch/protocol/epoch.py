@@ -16,7 +16,7 @@ of the server process it is talking to now:
   before rq-epoch was installed. The lease is *exempt*: the job is requeued and its stall
   count is left alone.
 
-This module is pure: no I/O. The server-side scripts in ``rq_epoch/lua/`` apply the
+This module is pure: no I/O. The server-side scripts in ``rq_epoch/protocol/lua/`` apply the
 same rule in Lua; the tests check both against the same vectors.
 """
 

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-from .compat import RQ_KEY_PREFIX, text
+from ..compat import RQ_KEY_PREFIX, text
 
 __all__ = [
     'COMMITTED_RECORD_TTL',

@@ -1,13 +1,13 @@
 """Loads the server-side scripts once and calls them by SHA.
 
-Each verb lives in its own file under ``rq_epoch/lua/``; a line
+Each verb lives in its own file under ``rq_epoch/protocol/lua/``; a line
 ``-- @include NAME`` pastes a helper file. Scripts are called with EVALSHA and reloaded
 when the server answers NOSCRIPT (as it does after every restart). On a pipeline the
 EVALSHA is queued directly, so a script adds no round trip of its own (a redis-py
 ``Script`` object would send SCRIPT EXISTS first).
 
 This module only loads and sends; a script's reply is read by its typed wrapper in
-:mod:`rq_epoch.verbs`.
+:mod:`rq_epoch.protocol.verbs`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from .errors import EpochUnavailableError
+from ..errors import EpochUnavailableError
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -46,7 +46,7 @@ EPOCH_UNAVAILABLE = 'EPOCH_UNAVAILABLE'
 
 
 def _read(name: str) -> str:
-    return resources.files('rq_epoch').joinpath('lua').joinpath(name).read_text(encoding='utf-8')
+    return resources.files('rq_epoch.protocol').joinpath('lua').joinpath(name).read_text(encoding='utf-8')
 
 
 def _expand(text: str) -> str:

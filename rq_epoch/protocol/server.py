@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError, ResponseError
 
+from ..compat import text
+from ..errors import EpochUnavailableError
 from . import epoch, keys
-from .compat import text
-from .errors import EpochUnavailableError
 
 if TYPE_CHECKING:
     from redis import Redis

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
+from ..compat import text
 from . import scripts
-from .compat import text
 from .report import LeaseVerdict
 from .server import PrimaryState
 from .verdicts import Verdict

@@ -18,15 +18,16 @@ from rq.job import JobStatus
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 
-from . import compat, keys, verbs
-from .compat import text
+from .. import compat
+from ..compat import text
+from ..errors import StalledJobError
+from ..jobs.job import Job, _field
+from ..jobs.queue import Queue
+from ..protocol import keys, verbs
+from ..protocol.report import SweepReport
+from ..protocol.verbs import DeadLetterClaim
+from ..settings import EpochSettings
 from .dependents import BatchDependents
-from .errors import StalledJobError
-from .job import Job, _field
-from .queue import Queue
-from .report import SweepReport
-from .settings import EpochSettings
-from .verbs import DeadLetterClaim
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -149,7 +150,7 @@ class DeadLetters:
         A job with dependents is added to ``batch.parents``: :meth:`_enqueue_ready` enqueues
         the dependents of all of them together. With a queue or job class that overrides how
         dependents are enqueued, they are enqueued here, job by job (see
-        :meth:`~rq_epoch.dependents.BatchDependents.enqueue_one`); on RQ 3 they are made ready,
+        :meth:`~rq_epoch.sweep.dependents.BatchDependents.enqueue_one`); on RQ 3 they are made ready,
         and pushed by :meth:`_enqueue_ready`.
         """
         error = StalledJobError(reason)
@@ -182,7 +183,7 @@ class DeadLetters:
         ``made_ready`` (RQ 3) onto their queues.
 
         RQ's ``enqueue_dependents`` is an optimistic transaction per job (on RQ 3 two steps,
-        the second one per dependent); :class:`~rq_epoch.dependents.BatchDependents` takes
+        the second one per dependent); :class:`~rq_epoch.sweep.dependents.BatchDependents` takes
         each step once for the batch. A dependent left in a ReadyJobRegistry (a sweeper that
         dies in between) is enqueued by RQ's maintenance of that registry, as when RQ's own
         second step is interrupted.
@@ -286,10 +287,10 @@ class _Batch:
 
     #: Queue objects by name.
     queues: dict[str, Queue] = field(default_factory=dict)
-    #: Jobs with dependents, per queue, for :class:`~rq_epoch.dependents.BatchDependents`.
+    #: Jobs with dependents, per queue, for :class:`~rq_epoch.sweep.dependents.BatchDependents`.
     parents: dict[str, list[Job]] = field(default_factory=dict)
     #: Dependents RQ 3 moved to a ReadyJobRegistry job by job: per queue, by target queue.
     made_ready: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     #: Dependents enqueued (or made ready) for a job of the batch: another job of the batch
-    #: does not enqueue them again (see :mod:`rq_epoch.dependents`).
+    #: does not enqueue them again (see :mod:`rq_epoch.sweep.dependents`).
     enqueued: set[str] = field(default_factory=set)

@@ -34,8 +34,8 @@ from rq.job import JobStatus
 from rq.queue import Queue as RQQueue
 from rq.registry import DeferredJobRegistry
 
-from . import compat
-from .compat import text
+from .. import compat
+from ..compat import text
 
 if TYPE_CHECKING:
     from rq.job import Job

@@ -14,30 +14,20 @@ from rq.job import Job as RQJob
 from rq.serializers import resolve_serializer
 from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 
-from . import keys, verbs
+from ..jobs.job import Job
+from ..jobs.jobclass import resolve_job_class
+from ..jobs.queue import Queue
+from ..protocol import keys, verbs
+from ..protocol.report import LeaseVerdict, SweepReport
+from ..protocol.server import read_epoch
+from ..protocol.verdicts import Verdict
+from ..settings import EpochSettings
 from .deadletters import DeadLetters
-from .job import Job
-from .jobclass import resolve_job_class
-from .queue import Queue
-from .report import LeaseVerdict, SweepReport
-from .server import REPLICA_MAX_LAG, PrimaryState, ServerEpoch, primary_state, read_epoch, read_primary_state
-from .settings import EpochSettings
-from .verdicts import Verdict
 
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = [  # what used to live here is still importable from here
-    'REPLICA_MAX_LAG',
-    'LeaseVerdict',
-    'PrimaryState',
-    'ServerEpoch',
-    'SweepReport',
-    'Sweeper',
-    'primary_state',
-    'read_epoch',
-    'read_primary_state',
-]
+__all__ = ['Sweeper']
 
 logger = logging.getLogger('rq_epoch')
 
@@ -57,7 +47,7 @@ class Sweeper(DeadLetters):
 
     ``job_class`` (the argument, else the class attribute) may be any class derived from
     RQ's Job; the sweep uses its epoch variant, and refuses any other class as the worker
-    does (see :func:`rq_epoch.jobclass.resolve_job_class`).
+    does (see :func:`rq_epoch.jobs.jobclass.resolve_job_class`).
     """
 
     job_class: type[Job] = Job

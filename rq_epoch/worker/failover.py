@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from .errors import ServerOutageError
+from ..errors import ServerOutageError
 
 if TYPE_CHECKING:
     from redis import Redis

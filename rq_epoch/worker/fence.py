@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
-from . import keys, scripts, verbs
-from .compat import text
-from .errors import OutcomeRefused, ServerOutageError
+from ..compat import text
+from ..errors import OutcomeRefused, ServerOutageError
+from ..protocol import keys, scripts, verbs
 from .failover import is_outage
 
 if TYPE_CHECKING:

@@ -44,10 +44,10 @@ from rq.worker import HerokuWorker as RQHerokuWorker
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import SpawnWorker as RQSpawnWorker
 
-from .errors import CONNECTION_ERRORS, ConfigurationError, RqEpochError
+from ..errors import CONNECTION_ERRORS, ConfigurationError, RqEpochError
+from ..protocol.server import read_epoch
 from .failover import _WatchedConnection, is_sentinel_managed
 from .outcomes import with_backoff
-from .server import read_epoch
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class SpawnWorker(Worker, RQSpawnWorker):
                 },
             }
         )
-        argv = [sys.executable, '-c', 'from rq_epoch.flavours import _spawned_horse; _spawned_horse()']
+        argv = [sys.executable, '-c', 'from rq_epoch.worker.flavours import _spawned_horse; _spawned_horse()']
         environ = {**os.environ, 'RQ_EPOCH_SPAWN_PAYLOAD': payload.hex(), 'PYTHONPATH': os.pathsep.join(sys.path)}
         self._horse_pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
         self.procline(f'Spawned {self._horse_pid} at {time.time()}')

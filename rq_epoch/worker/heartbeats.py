@@ -16,13 +16,13 @@ import redis.exceptions
 from rq.job import Job as RQJob
 from rq.utils import now
 
-from . import compat, keys, scripts, verbs
-from .errors import RqEpochError
+from .. import compat
+from ..errors import RqEpochError
+from ..jobs.job import EpochJobMixin, StartedJobRegistry
+from ..jobs.jobclass import adopt
+from ..protocol import keys, scripts, verbs
 from .fence import Fence
-from .job import EpochJobMixin
-from .jobclass import adopt
 from .outcomes import CONNECTION_ERRORS, FencedOutcomes
-from .registry import StartedJobRegistry
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -61,10 +61,10 @@ class Heartbeats(FencedOutcomes):
     def prepare_execution(self, job: RQJob) -> Execution:
         """Start an execution as RQ does; the grant script rides in RQ's transaction.
 
-        The job object then carries the execution's :class:`~rq_epoch.fence.Fence` (the
+        The job object then carries the execution's :class:`~rq_epoch.worker.fence.Fence` (the
         work-horse inherits it), so its callbacks run only while the lease is held. A job
         object of a class without the epoch behaviour is given it first (see
-        :func:`rq_epoch.jobclass.adopt`): every execution this worker starts is leased.
+        :func:`rq_epoch.jobs.jobclass.adopt`): every execution this worker starts is leased.
         """
         adopt(job)
         try:

@@ -2,7 +2,7 @@
 
 :class:`FencedOutcomes` is the layer of :class:`rq_epoch.Worker` over RQ's outcome handlers
 (success, failure, retry, the end of an execution): each RQ transaction that records an
-outcome is armed with the execution's :class:`~rq_epoch.fence.Fence`, and written again
+outcome is armed with the execution's :class:`~rq_epoch.worker.fence.Fence`, and written again
 after a server outage, with backoff, until it lands or the fence refuses it.
 """
 
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rq.job import Job as RQJob
 from rq.worker import Worker as RQWorker
 
-from . import compat
-from .errors import CONNECTION_ERRORS, OutcomeRefused
+from .. import compat
+from ..errors import CONNECTION_ERRORS, OutcomeRefused
+from ..jobs.job import EpochJobMixin
+from ..jobs.jobclass import adopt
+from ..settings import EpochSettings
 from .fence import Fence, arm
-from .job import EpochJobMixin
-from .jobclass import adopt
-from .settings import EpochSettings
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -42,7 +42,7 @@ class FencedOutcomes(RQWorker):
 
     def _follow_primary(self) -> None:
         """Before an outcome is written: make sure this process talks to the current primary
-        (:class:`rq_epoch.Worker` asks its :class:`~rq_epoch.failover.PrimaryWatch`)."""
+        (:class:`rq_epoch.Worker` asks its :class:`~rq_epoch.worker.failover.PrimaryWatch`)."""
 
     def cleanup_execution(self, job: RQJob, pipeline: Pipeline, *args: Any, **kwargs: Any) -> None:
         """Remove the execution as RQ does, and fence the outcome transaction it is part of.

@@ -64,10 +64,10 @@ import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.utils import get_version
 
-from . import keys, verbs
-from .errors import RqEpochError
+from ..errors import RqEpochError
+from ..protocol import keys, verbs
+from ..protocol.verbs import Role
 from .failover import is_outage
-from .verbs import Role
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -100,7 +100,7 @@ def _outage_as_connection_error(exc: redis.exceptions.ResponseError) -> None:
     """Raise an answer that means "no writes here for now" as a connection error.
 
     A demoted primary, too few replicas, a primary lost by its replica, a dataset loading
-    (see :data:`rq_epoch.failover.OUTAGE_CODES`): RQ's dequeue loop rides a connection
+    (see :data:`rq_epoch.worker.failover.OUTAGE_CODES`): RQ's dequeue loop rides a connection
     error out with backoff, where any other error would end the worker.
     """
     if is_outage(exc):
@@ -287,7 +287,7 @@ class Taker:
         #: :attr:`bench_wait`, so that only the fleet's sweeper of an idle queue wakes each
         #: interval.
         self.sweeping = True
-        #: The set of queues (:func:`rq_epoch.keys.queue_set_id`) this taker last claimed a
+        #: The set of queues (:func:`rq_epoch.protocol.keys.queue_set_id`) this taker last claimed a
         #: place in, the place, and when (``time.monotonic()``; None: claim at the next turn).
         self._set: str | None = None
         self._role = Role.NEITHER
@@ -306,7 +306,7 @@ class Taker:
 
         Raises:
             redis.exceptions.ConnectionError: also when the server answers that it takes no
-                writes for now (:data:`rq_epoch.failover.OUTAGE_CODES`): an outage.
+                writes for now (:data:`rq_epoch.worker.failover.OUTAGE_CODES`): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
         try:
@@ -586,7 +586,7 @@ class Taker:
 
     def reconnect(self) -> None:
         """Open a new wake-up connection at the next wait (the primary moved: see
-        :class:`~rq_epoch.failover.PrimaryWatch`). Safe from any thread: it only sets a flag."""
+        :class:`~rq_epoch.worker.failover.PrimaryWatch`). Safe from any thread: it only sets a flag."""
         self._reconnect = True
 
     def close(self) -> None:

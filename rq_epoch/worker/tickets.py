@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import keys, verbs
-from .verbs import SweepTickets
+from ..protocol import keys, verbs
+from ..protocol.verbs import SweepTickets
 
 if TYPE_CHECKING:
     from redis import Redis

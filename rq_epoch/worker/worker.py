@@ -1,7 +1,7 @@
 """RQ's Worker, with epoch-stamped leases and its own frequent epoch-aware sweep.
 
 :class:`Worker` is built in layers over RQ's worker, one module each: fenced outcomes
-(:mod:`rq_epoch.outcomes`), grants and heartbeats (:mod:`rq_epoch.heartbeats`), and here the
+(:mod:`rq_epoch.worker.outcomes`), grants and heartbeats (:mod:`rq_epoch.worker.heartbeats`), and here the
 start-up, following the primary, riding out outages, taking jobs and sweeping.
 """
 
@@ -24,17 +24,18 @@ from rq.logutils import setup_loghandlers
 from rq.utils import now
 from rq.worker_registration import clean_worker_registry
 
-from . import compat, keys, scripts
-from .errors import RqEpochError
+from .. import compat
+from ..errors import RqEpochError
+from ..jobs.job import Job
+from ..jobs.jobclass import resolve_job_class
+from ..protocol import keys, scripts
+from ..protocol.report import SweepReport
+from ..protocol.server import ServerEpoch, read_epoch
+from ..settings import EpochSettings
+from ..sweep.sweeper import Sweeper
 from .failover import PrimaryWatch, is_outage
 from .heartbeats import Heartbeats
-from .job import Job
-from .jobclass import resolve_job_class
 from .outcomes import CONNECTION_ERRORS, FencedOutcomes
-from .report import SweepReport
-from .server import ServerEpoch, read_epoch
-from .settings import EpochSettings
-from .sweep import Sweeper
 from .take import Taker
 from .tickets import take_tickets
 
@@ -58,7 +59,7 @@ def wait_while_unavailable(
     wait logs one line when it starts and one when the server is back, retries with a
     growing pause (at most 5 s) for up to ``limit`` seconds, then raises the last error.
     "Cannot serve now" is a connection error or an answer of
-    :data:`rq_epoch.failover.OUTAGE_CODES` (loading, read-only, too few replicas, primary
+    :data:`rq_epoch.worker.failover.OUTAGE_CODES` (loading, read-only, too few replicas, primary
     lost); any other error is raised at once.
     """
     started = time.monotonic()
@@ -210,7 +211,7 @@ class Worker(Heartbeats):
         """Read the epoch, load the scripts and check that the server takes writes; wait while it cannot.
 
         Whether the server takes writes is asked with a ``DEL`` of a key nobody writes
-        (:func:`rq_epoch.keys.startup_probe_key`): a server refuses a write command when it
+        (:func:`rq_epoch.protocol.keys.startup_probe_key`): a server refuses a write command when it
         is a replica, loading, or a primary short of replicas, before it looks at the key.
         See :func:`wait_while_unavailable` for the wait.
 
@@ -228,7 +229,7 @@ class Worker(Heartbeats):
         return wait_while_unavailable(ready, limit=self.epoch_settings.startup_wait, log=self.log, name=self.name)
 
     def watch_primary(self, run_id: str) -> PrimaryWatch:
-        """Install the :class:`~rq_epoch.failover.PrimaryWatch` on this worker's connection.
+        """Install the :class:`~rq_epoch.worker.failover.PrimaryWatch` on this worker's connection.
 
         It asks the sentinels (when the connection comes from ``Sentinel.master_for``, as
         with RQ's ``SENTINEL`` settings) twice per heartbeat interval, and a non-blocking
@@ -401,13 +402,13 @@ class Worker(Heartbeats):
 
     # -- taking ----------------------------------------------------------------------
 
-    #: Takes jobs from the queues and waits for the next one (see :mod:`rq_epoch.take`).
+    #: Takes jobs from the queues and waits for the next one (see :mod:`rq_epoch.worker.take`).
     taker_class: type[Taker] = Taker
     _taker: Taker | None = None
 
     @property
     def taker(self) -> Taker:
-        """This worker's :class:`~rq_epoch.take.Taker` (made at the first dequeue)."""
+        """This worker's :class:`~rq_epoch.worker.take.Taker` (made at the first dequeue)."""
         if self._taker is None:
             interval = self.epoch_settings.sweep_interval
             # The watch outlives a killed watcher by at most half an interval, and a waiter's
@@ -419,7 +420,7 @@ class Worker(Heartbeats):
 
     def hand_on_watch(self) -> None:
         """Once the job this worker took runs: hand the watch of its queues (or its place as the
-        deputy) on to an idle worker (:meth:`rq_epoch.take.Taker.hand_on`). Called after the
+        deputy) on to an idle worker (:meth:`rq_epoch.worker.take.Taker.hand_on`). Called after the
         fork of the work-horse, and before an in-process job (``SimpleWorker``)."""
         if self._taker is not None:
             self._taker.hand_on()
@@ -502,7 +503,7 @@ class Worker(Heartbeats):
     def sweep(self) -> SweepReport | None:
         """Run the epoch-aware sweep over the queues of this worker whose ticket it wins; never raises.
 
-        The ticket (:mod:`rq_epoch.tickets`) goes to the first worker that asks for a queue
+        The ticket (:mod:`rq_epoch.worker.tickets`) goes to the first worker that asks for a queue
         once an interval has passed since its last one, so the fleet sweeps each queue about
         once per sweep interval. Returns None when no queue was won (or nothing could be done).
         """

@@ -1,0 +1,3 @@
+"""What operators run: the command line (:mod:`.cli`, :mod:`.cli_config`), ``rq-epoch status``
+(:mod:`.status`, :mod:`.history`, :mod:`.formatting`) and the exporter's metrics and page
+(:mod:`.metrics`, :mod:`.page`). The top layer: it may use every other."""
