@@ -16,7 +16,7 @@ from typing import Any
 
 from rq.worker.base import BaseWorker
 
-from rq_epoch.worker import Worker as EpochWorker
+from rq_epoch.worker.worker import Worker as EpochWorker
 
 from .harness import count_traffic
 
@@ -45,7 +45,7 @@ def _wrap(cls: type, out: str) -> None:
 def main() -> None:
     out = os.environ['BENCH_PROBE_OUT']
     _wrap(BaseWorker, out)
-    # rq-epoch's heartbeat lives in one of the layers of its Worker (rq_epoch.heartbeats).
+    # rq-epoch's heartbeat lives in one of the layers of its Worker (rq_epoch.worker.heartbeats).
     _wrap(next(c for c in EpochWorker.__mro__ if 'maintain_heartbeats' in c.__dict__), out)
     from rq.cli import main as rq_main
 

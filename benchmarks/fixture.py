@@ -57,9 +57,10 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.utils import now as rq_now
 
 from rq_epoch import Job as EpochJob
-from rq_epoch import Sweeper, keys, scripts
+from rq_epoch import Sweeper
 from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.pids import children_of, send_signal
+from rq_epoch.protocol import keys, scripts
 
 from . import jobs as job_functions
 from .harness import EPOCH, ROOT, STOCK, command_delta, commandstats, count_traffic, worker_argv, worker_env

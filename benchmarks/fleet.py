@@ -53,7 +53,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.timeouts import TimerDeathPenalty
 
 from rq_epoch import SimpleWorker as EpochSimpleWorker
-from rq_epoch import keys
+from rq_epoch.protocol import keys
 
 from .harness import (
     EPOCH,

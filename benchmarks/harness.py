@@ -26,9 +26,9 @@ import rq
 from rq.utils import str_to_date
 
 import rq_epoch
-from rq_epoch import keys
 from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.pids import children_of, send_signal
+from rq_epoch.protocol import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / 'results'

@@ -35,6 +35,7 @@ from rq import Queue
 
 import rq_epoch
 from rq_epoch import Sweeper
+from rq_epoch.protocol import scripts
 
 from .harness import (
     EPOCH,
@@ -123,7 +124,7 @@ def latency(conn: redis.Redis, beats: int) -> dict[str, Any]:
     epoch = rq_epoch.Worker(
         [epoch_queue], connection=conn, name='beat-epoch', heartbeat_interval=1, sweep_interval=86_400
     )
-    rq_epoch.scripts.load_all(conn)
+    scripts.load_all(conn)
     epoch._known_run_id = str(conn.info('server')['run_id'])
     epoch._last_sweep = time.monotonic()
     for worker in (stock, epoch):

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from rq_epoch import keys, scripts
+from rq_epoch.protocol import keys, scripts
 
 from .fixture import CHUNK, EPOCH_TTL, enqueue_jobs, start_jobs
 from .harness import STOCK, parser, server, server_version

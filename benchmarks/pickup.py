@@ -37,7 +37,7 @@ import redis
 from rq import Queue
 
 from rq_epoch import Job as EpochJob
-from rq_epoch.take import Taker
+from rq_epoch.worker.take import Taker
 
 from . import harness
 from .harness import EPOCH, STOCK

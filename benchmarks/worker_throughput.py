@@ -33,7 +33,7 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 from rq.utils import str_to_date
 
-from rq_epoch import keys
+from rq_epoch.protocol import keys
 
 from .fixture import enqueue_jobs
 from .harness import EPOCH, ROOT, STOCK, parser, ratio, server, server_version, worker_argv, worker_env

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import redis
 
-from rq_epoch import Job, Queue, keys, scripts
-from rq_epoch.keys import KeyFamily
-from rq_epoch.registry import StartedJobRegistry
+from rq_epoch import Job, Queue
+from rq_epoch.jobs.job import StartedJobRegistry
+from rq_epoch.protocol import keys, scripts
+from rq_epoch.protocol.keys import KeyFamily
 
 CURRENT = object()
 OTHER_EPOCH = '0000000000000000000000000000000000000000'

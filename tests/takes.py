@@ -8,7 +8,8 @@ from pathlib import Path
 import redis
 from rq.job import JobStatus
 
-from rq_epoch import Job, Sweeper, keys
+from rq_epoch import Job, Sweeper
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 
 STRATEGIES = ['default', 'round_robin', 'random']

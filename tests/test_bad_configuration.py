@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rq_epoch import ConfigurationError, EpochSettings, EpochUnavailableError, Queue, Sweeper, Worker, keys
+from rq_epoch import ConfigurationError, EpochSettings, EpochUnavailableError, Queue, Sweeper, Worker
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 from tests.leases import start_job
 
@@ -89,7 +90,7 @@ def test_sweep_without_info_permission_is_a_clear_error_and_writes_nothing(conn,
 
 
 def test_scripts_without_info_permission_refuse_to_write(conn, no_info_user) -> None:
-    from rq_epoch import scripts
+    from rq_epoch.protocol import scripts
 
     queue = Queue('acl', connection=conn)
     job = queue.enqueue('tests.jobs.add', 1, 2)

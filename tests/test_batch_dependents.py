@@ -10,7 +10,7 @@ import redis
 from rq.job import Dependency, JobStatus
 
 from rq_epoch import Job, Queue, Sweeper, compat
-from rq_epoch.dependents import BatchDependents
+from rq_epoch.sweep.dependents import BatchDependents
 from tests.leases import start_job
 
 TWO_STEPS = hasattr(Queue, 'move_dependents_to_ready')  # RQ 3: made ready, then pushed

@@ -18,13 +18,14 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from rq_epoch import Job, Queue, keys
-from rq_epoch.cli import PROGRESS_THRESHOLD, main
+from rq_epoch import Job, Queue
 from rq_epoch.embedded import EmbeddedServer, find_server_binary, free_port
+from rq_epoch.ops.cli import PROGRESS_THRESHOLD, main
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT, wait_for
 from tests.leases import CURRENT, OTHER_EPOCH, start_job
 
-RQ_EPOCH = [sys.executable, '-c', 'from rq_epoch.cli import main; main()']
+RQ_EPOCH = [sys.executable, '-c', 'from rq_epoch.ops.cli import main; main()']
 # click < 8.2 mixes stderr into stdout unless told not to; 8.2 always keeps them apart.
 _RUNNER_ARGS: dict[str, Any] = {'mix_stderr': False} if 'mix_stderr' in inspect.signature(CliRunner).parameters else {}
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.pids import descendants_of, send_signal
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT, wait_for
 from tests.test_restart_ride_through import executions
 

@@ -18,7 +18,8 @@ from rq.queue import Queue as StockQueue
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.worker import Worker as StockWorker
 
-from rq_epoch import Job, Queue, Sweeper, compat, keys
+from rq_epoch import Job, Queue, Sweeper, compat
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT, wait_for
 from tests.leases import start_job
 

@@ -17,8 +17,9 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, epoch, keys
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.protocol import epoch, keys
 from tests.conftest import SERVER_KINDS, wait_for
 
 #: The workers here never sweep on their own: only the test's sweeps judge.

@@ -27,7 +27,7 @@ def demo_command() -> list[str]:
     script = Path(sys.executable).with_name('rq-epoch')
     if script.exists():
         return [str(script), 'demo']
-    return [sys.executable, '-c', 'from rq_epoch.cli import main; main()', 'demo']
+    return [sys.executable, '-c', 'from rq_epoch.ops.cli import main; main()', 'demo']
 
 
 def demo_env(tmp: Path, mark: str) -> dict[str, str]:

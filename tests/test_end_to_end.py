@@ -11,7 +11,8 @@ import pytest
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT, wait_for
 
 
@@ -127,9 +128,7 @@ def test_poison_pill_is_dead_after_exactly_max_stalled_while_healthy_jobs_finish
     assert pill.id in FailedJobRegistry('poison', connection=conn)
     if not any(w.proc.poll() is None for w in workers):
         workers.append(start_worker('poison'))
-    wait_for(
-        lambda: all(j.get_status(refresh=True) == JobStatus.FINISHED for j in healthy), 60, what='healthy jobs'
-    )
+    wait_for(lambda: all(j.get_status(refresh=True) == JobStatus.FINISHED for j in healthy), 60, what='healthy jobs')
     finished = FinishedJobRegistry('poison', connection=conn).get_job_ids()
     assert sorted(finished) == sorted(j.id for j in healthy)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rq_epoch import Queue, Sweeper, epoch
+from rq_epoch import Queue, Sweeper
+from rq_epoch.protocol import epoch
 
 NOW = '3f2c0d8e9b1a4c5d6e7f8091a2b3c4d5e6f70812'
 INVALID = ['', NOW[:-1], NOW.upper(), NOW[:-1] + 'g', NOW + '0']
@@ -128,7 +129,7 @@ def test_sweep_script_counts_by_the_record_of_life(
     The sweep runs with a long restart grace on a fresh epoch: a lease shown dead under its
     process is judged at once; every other lease stamped by another process is deferred.
     """
-    from rq_epoch import keys
+    from rq_epoch.protocol import keys
     from tests.leases import start_job
 
     seconds, _ = conn.time()

@@ -34,7 +34,7 @@ EPOCH_WORKER_LINE = 'rq-epoch on server epoch'
 
 SCRIPTS = {
     'rq': [sys.executable, '-m', 'rq.cli'],
-    'rq-epoch': [sys.executable, '-c', 'from rq_epoch.cli import main; main()'],
+    'rq-epoch': [sys.executable, '-c', 'from rq_epoch.ops.cli import main; main()'],
 }
 
 

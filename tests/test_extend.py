@@ -7,7 +7,8 @@ import math
 import pytest
 import redis
 
-from rq_epoch import Queue, StartedJobRegistry, keys, scripts, verbs
+from rq_epoch import Queue, StartedJobRegistry
+from rq_epoch.protocol import keys, scripts, verbs
 from tests.leases import current_run_id, start_job
 from tests.test_epoch_rule import INVALID, NOW
 

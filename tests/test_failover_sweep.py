@@ -16,8 +16,9 @@ import redis
 from rq import Callback
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 from tests.leases import expire, start_job
 from tests.sentinel import SentinelTopology, sentinel_available

@@ -23,7 +23,8 @@ from rq.command import send_shutdown_command
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT, SERVER_KINDS, WorkerProcess, wait_for
 from tests.sentinel import MASTER_NAME, SentinelTopology, close_sentinel, sentinel_available
 
@@ -236,7 +237,7 @@ def test_worker_lost_then_failover_is_finished_once_by_another_worker_never_coun
 def test_worker_lost_lease_expired_then_failover_is_counted_by_the_promoted_replica(fleet, tmp_path: Path) -> None:
     """The old primary was seen alive after the lease ran out; the promoted replica, which has
     that record by replication, counts the death at once (no restart grace)."""
-    from rq_epoch import epoch
+    from rq_epoch.protocol import epoch
 
     f = fleet()
     old = f.topology.current_primary()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rq_epoch import Fence, Job, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError, keys, scripts, verbs
-from rq_epoch.fence import arm
+from rq_epoch import Fence, Job, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError
+from rq_epoch.protocol import keys, scripts, verbs
+from rq_epoch.worker.fence import arm
 from tests.leases import execution_of, start_job
 
 

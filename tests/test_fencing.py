@@ -21,8 +21,9 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.registry import StartedJobRegistry as StockStartedJobRegistry
 from rq.results import Result
 
-from rq_epoch import Job, Queue, keys
-from rq_epoch.cli import main
+from rq_epoch import Job, Queue
+from rq_epoch.ops.cli import main
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 
 QUEUE = 'fence'
@@ -105,9 +106,7 @@ def test_a_stale_commit_in_flight_is_refused_whole(
     assert 'stale outcomes    1 refused' in status.output
 
 
-def test_a_frozen_execution_runs_no_callback_once_its_lease_is_taken(
-    conn, start_worker, tmp_path: Path
-) -> None:
+def test_a_frozen_execution_runs_no_callback_once_its_lease_is_taken(conn, start_worker, tmp_path: Path) -> None:
     job, log, release = _enqueue(conn, tmp_path, 'return', max_stalled=3)
     stale = start_worker(QUEUE)
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='job running')

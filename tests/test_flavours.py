@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 from tests.test_restart_ride_through import executions
 

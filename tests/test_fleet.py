@@ -17,8 +17,9 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from rq_epoch import Queue, keys
-from rq_epoch.worker import wait_while_unavailable
+from rq_epoch import Queue
+from rq_epoch.protocol import keys
+from rq_epoch.worker.worker import wait_while_unavailable
 from tests.conftest import WorkerProcess, wait_for
 
 COUNTING = 'tests.workers.EpochWorkerCountingWakes'
@@ -248,7 +249,7 @@ def test_each_queue_is_swept_about_once_per_interval_by_four_workers(conn, start
 def test_rq_epoch_sweep_judges_whenever_asked(conn) -> None:
     """The cron sweep takes no ticket: right after a worker's ticket, it still judges."""
     from rq_epoch import Sweeper
-    from rq_epoch.tickets import take_tickets
+    from rq_epoch.worker.tickets import take_tickets
 
     assert take_tickets(conn, ['fleet-cron'], 60).granted == ('fleet-cron',)
     assert take_tickets(conn, ['fleet-cron'], 60).granted == ()

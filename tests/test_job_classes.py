@@ -15,8 +15,9 @@ from rq.job import Job as StockJob
 from rq.results import Result
 
 import rq_epoch
-from rq_epoch import ConfigurationError, EpochJobMixin, Queue, Sweeper, Worker, epoch_job_class, keys
-from rq_epoch.cli import main
+from rq_epoch import ConfigurationError, EpochJobMixin, Queue, Sweeper, Worker, epoch_job_class
+from rq_epoch.ops.cli import main
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 from tests.jobclasses import NotAJob, TracedJob, TracedWorker
 from tests.leases import start_job

@@ -11,9 +11,10 @@ from typing import Any
 import redis
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper, keys, scripts
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.embedded import EmbeddedServer
-from rq_epoch.registry import StartedJobRegistry
+from rq_epoch.jobs.job import StartedJobRegistry
+from rq_epoch.protocol import keys, scripts
 from tests.conftest import ROOT, wait_for
 from tests.leases import CURRENT, OTHER_EPOCH, current_run_id, expire, start_job
 from tests.test_cli import run

@@ -1,4 +1,4 @@
-"""Every RQ key name rq-epoch spells (``rq_epoch.keys``) is the one RQ itself uses.
+"""Every RQ key name rq-epoch spells (``rq_epoch.protocol.keys``) is the one RQ itself uses.
 
 The names are compared with RQ's own properties and templates on the installed RQ version
 (the CI runs both RQ 3 and RQ 2), so an RQ rename fails here instead of in production; on
@@ -14,7 +14,7 @@ import sys
 import pytest
 import redis
 
-from rq_epoch import keys
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT
 
 QUEUE = 'names'

@@ -10,7 +10,8 @@ from pathlib import Path
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 
 

@@ -12,8 +12,9 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Fence, Job, OutcomeRefused, Queue, Sweeper, keys, scripts, verbs
-from rq_epoch.registry import StartedJobRegistry
+from rq_epoch import Fence, Job, OutcomeRefused, Queue, Sweeper
+from rq_epoch.jobs.job import StartedJobRegistry
+from rq_epoch.protocol import keys, scripts, verbs
 from tests.leases import (
     OTHER_EPOCH,
     execution_of,
@@ -31,7 +32,7 @@ def _extend(conn: redis.Redis, job: Job, execution_id: str) -> verbs.ExtendReply
 
 def _commit_status(conn: redis.Redis, job: Job, execution_id: str) -> None:
     """An outcome of the execution, fenced as the worker fences it."""
-    from rq_epoch.fence import arm
+    from rq_epoch.worker.fence import arm
 
     with conn.pipeline() as pipeline:
         pipeline.hset(job.key, 'status', 'finished')
@@ -165,9 +166,9 @@ def test_a_0_2_0_grant_after_a_new_one_keeps_its_own_lease_and_records(conn) -> 
 
 
 def test_status_metrics_and_history_read_0_2_0_leases(conn) -> None:
-    from rq_epoch.history import job_history
-    from rq_epoch.metrics import read_snapshot
-    from rq_epoch.status import read_status
+    from rq_epoch.ops.history import job_history
+    from rq_epoch.ops.metrics import read_snapshot
+    from rq_epoch.ops.status import read_status
 
     queue = Queue('both', connection=conn)
     new, _ = start_job(conn, queue, expired=False)

@@ -18,15 +18,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.embedded import EmbeddedServer
-from rq_epoch.metrics import LEASE_STATES, ROUND_TRIPS, SWEPT_VERDICTS, EpochCollector, epoch_age, serve
-from rq_epoch.sweep import read_primary_state
+from rq_epoch.ops.metrics import LEASE_STATES, ROUND_TRIPS, SWEPT_VERDICTS, EpochCollector, epoch_age, serve
+from rq_epoch.protocol import keys
+from rq_epoch.protocol.server import read_primary_state
 from tests.conftest import ROOT, wait_for
 from tests.leases import CURRENT, OTHER_EPOCH, current_run_id, start_job
 from tests.test_cli import snapshot
 
-RQ_EPOCH = [sys.executable, '-c', 'from rq_epoch.cli import main; main()']
+RQ_EPOCH = [sys.executable, '-c', 'from rq_epoch.ops.cli import main; main()']
 #: Restart grace of the workers and of the exporter in the scenario: long enough for the
 #: test to look at a deferred lease after a restart, short enough to wait for.
 GRACE = 20
@@ -532,9 +533,9 @@ def test_exporter_serves_only_given_queues_reports_a_lost_server_and_stops_on_si
 
 
 def test_exporter_without_prometheus_client_says_what_to_install(server: EmbeddedServer) -> None:
-    block = "import sys; sys.modules['prometheus_client'] = None; import rq_epoch.metrics; "
+    block = "import sys; sys.modules['prometheus_client'] = None; import rq_epoch.ops.metrics; "
     out = subprocess.run(
-        [sys.executable, '-c', block + 'from rq_epoch.cli import main; main()', 'exporter', '--url', server.url],
+        [sys.executable, '-c', block + 'from rq_epoch.ops.cli import main; main()', 'exporter', '--url', server.url],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -27,9 +27,10 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.embedded import EmbeddedServer
-from rq_epoch.page import SECURITY_HEADERS, ExporterApp, PageSettings, WebServer
+from rq_epoch.ops.page import SECURITY_HEADERS, ExporterApp, PageSettings, WebServer
+from rq_epoch.protocol import keys
 from rq_epoch.settings import EpochSettings
 from tests.browser import Chromium, Dom
 from tests.conftest import ROOT, wait_for

@@ -29,8 +29,9 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, keys
+from rq_epoch import Job, Queue
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.protocol import keys
 from tests.conftest import ROOT, wait_for
 from tests.prometheus import PrometheusServer, compress_rules
 from tests.test_metrics import ExporterProcess

@@ -12,7 +12,7 @@ import yaml
 
 from rq_epoch import Queue
 from rq_epoch.embedded import EmbeddedServer
-from rq_epoch.metrics import DEFAULT_PORT, LEASE_STATES, SWEPT_VERDICTS
+from rq_epoch.ops.metrics import DEFAULT_PORT, LEASE_STATES, SWEPT_VERDICTS
 from tests.conftest import ROOT
 from tests.leases import CURRENT, start_job
 from tests.test_metrics import ExporterProcess, get, parse

@@ -7,10 +7,11 @@ import pytest
 import redis
 from rq.exceptions import DequeueTimeout
 
-from rq_epoch import Job, Queue, epoch, keys, scripts, verbs
-from rq_epoch.registry import StartedJobRegistry
-from rq_epoch.take import Taker
-from rq_epoch.tickets import take_tickets
+from rq_epoch import Job, Queue
+from rq_epoch.jobs.job import StartedJobRegistry
+from rq_epoch.protocol import epoch, keys, scripts, verbs
+from rq_epoch.worker.take import Taker
+from rq_epoch.worker.tickets import take_tickets
 from tests.conftest import wait_for
 from tests.leases import current_run_id, start_job
 

@@ -11,8 +11,9 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.pids import is_alive, send_signal
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 
 
@@ -150,9 +151,7 @@ def test_worker_killed_during_outage_is_exempt_after_the_grace(conn, server, sta
     conn = fresh(server)
     sweeper = Sweeper(conn, restart_grace=4)
     assert {v.verdict for v in sweeper.sweep(['gone']).verdicts} <= {'deferred'}
-    report = wait_for(
-        lambda: (r := sweeper.sweep(['gone'])).total and r, 20, what='a sweep after the restart grace'
-    )
+    report = wait_for(lambda: (r := sweeper.sweep(['gone'])).total and r, 20, what='a sweep after the restart grace')
     assert report.uptime >= 4  # not before the grace: the server process had been up for 4 s
     assert [(v.job_id, v.verdict, v.stalled) for v in report.verdicts] == [(job.id, 'exempt', 0)]
     assert Job.fetch(job.id, connection=conn).stalled == 0

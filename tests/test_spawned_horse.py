@@ -27,7 +27,7 @@ from rq.job import JobStatus
 
 from rq_epoch import ConfigurationError, Job, Queue, SpawnWorker
 from rq_epoch.embedded import EmbeddedServer
-from rq_epoch.flavours import connection_spec, rebuild_connection
+from rq_epoch.worker.flavours import connection_spec, rebuild_connection
 from tests.conftest import wait_for
 
 ON_FAILURE = Callback('tests.jobs.on_failure_record')

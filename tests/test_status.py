@@ -1,4 +1,4 @@
-"""``rq_epoch.status.read_status``: the status of queues from Python, the document the CLI prints."""
+"""``rq_epoch.ops.status.read_status``: the status of queues from Python, the document the CLI prints."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import redis
 
 from rq_epoch import EpochSettings, Queue
 from rq_epoch.embedded import EmbeddedServer
-from rq_epoch.status import read_status
+from rq_epoch.ops.status import read_status
 from tests.conftest import ROOT
 from tests.leases import current_run_id, start_job
 
@@ -42,7 +42,7 @@ def test_read_status_gives_what_status_json_prints_and_writes_nothing(
     assert doc['max_stalled'] == 5 and doc['restart_grace'] == 0
 
     cli = subprocess.run(
-        [sys.executable, '-c', 'from rq_epoch.cli import main; main()', 'status', '-u', server.url, '-q', 'st']
+        [sys.executable, '-c', 'from rq_epoch.ops.cli import main; main()', 'status', '-u', server.url, '-q', 'st']
         + ['--grace', '0', '--max-stalled', '5', '--json'],
         cwd=ROOT,
         capture_output=True,

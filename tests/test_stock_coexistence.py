@@ -11,7 +11,8 @@ from rq.registry import FailedJobRegistry
 from rq.registry import StartedJobRegistry as StockStartedJobRegistry
 from rq.worker import Worker as StockWorker
 
-from rq_epoch import Job, Queue, Sweeper, keys
+from rq_epoch import Job, Queue, Sweeper
+from rq_epoch.protocol import keys
 from tests.conftest import wait_for
 from tests.leases import start_job
 
@@ -36,7 +37,7 @@ def test_lease_left_by_a_killed_stock_worker_is_exempt(conn, start_worker, tmp_p
     worker = start_worker('stock', worker_class=None)
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.STARTED, 30, what='stock worker running the job')
     worker.kill()
-    (member, score), = conn.zrange(keys.wip_key('stock'), 0, -1, withscores=True)
+    ((member, score),) = conn.zrange(keys.wip_key('stock'), 0, -1, withscores=True)
     assert score != float('inf')
     conn.zadd(keys.wip_key('stock'), {member: 1})  # as if its deadline had passed
     report = Sweeper(conn, restart_grace=0, max_stalled=1).sweep(['stock'])

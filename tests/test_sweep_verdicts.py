@@ -10,7 +10,8 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper, keys, scripts, verbs
+from rq_epoch import Job, Queue, Sweeper
+from rq_epoch.protocol import keys, scripts, verbs
 from tests.leases import OTHER_EPOCH, current_run_id, execution_of, expire, legacy_start_job, start_job
 
 
@@ -150,7 +151,6 @@ def test_exempt_requeues_at_the_front_without_counting(conn) -> None:
     assert (job.stalled, job.exempt_recoveries) == (0, 1)
     assert lease_entries(conn) == (0, 0)
     assert conn.hget(keys.stats_key('default'), 'exempt') == b'1'
-
 
 
 def test_one_call_of_more_than_a_thousand_leases_requeues_each_as_one_push_per_lease_would(conn) -> None:

@@ -19,8 +19,9 @@ from rq.exceptions import DequeueTimeout
 from rq.job import JobStatus
 from rq.queue import Queue as StockQueue
 
-from rq_epoch import Job, Queue, Sweeper, Worker, keys, scripts
-from rq_epoch.take import Taker
+from rq_epoch import Job, Queue, Sweeper, Worker
+from rq_epoch.protocol import keys, scripts
+from rq_epoch.worker.take import Taker
 from tests.takes import names
 
 # -- the scripts ----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rq.queue import Queue as StockQueue
 
-from rq_epoch import Queue, scripts
+from rq_epoch import Queue
+from rq_epoch.protocol import scripts
 from tests.takes import FAST, STRATEGIES, names, ran_once_uncounted, stock_lost
 
 

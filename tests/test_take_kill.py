@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from rq.queue import Queue as StockQueue
 
-from rq_epoch import Queue, keys
+from rq_epoch import Queue
+from rq_epoch.protocol import keys
 from tests.takes import FAST, STRATEGIES, names, ran_once_uncounted, stock_lost
 
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from rq_epoch import Verdict
-from rq_epoch.metrics import SWEPT_VERDICTS
+from rq_epoch.ops.metrics import SWEPT_VERDICTS
 
 
 def test_verdicts_in_report_order() -> None:

@@ -21,7 +21,7 @@ from tests.conftest import ROOT, WorkerProcess, wait_for
 QUEUES = ('cmd-a', 'cmd-b')
 EPOCH_LINE = 'rq-epoch on server epoch'  # rq_epoch.Worker's first line once it has the server's epoch
 _SCRIPT = Path(sys.executable).with_name('rq-epoch')
-RQ_EPOCH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, '-c', 'from rq_epoch.cli import main; main()']
+RQ_EPOCH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, '-c', 'from rq_epoch.ops.cli import main; main()']
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:

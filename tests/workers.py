@@ -11,7 +11,7 @@ from rq.queue import Queue as StockQueue
 from rq.worker import Worker as StockWorker
 
 from rq_epoch import Sweeper, Worker
-from rq_epoch.take import Taker, TakerCounters
+from rq_epoch.worker.take import Taker, TakerCounters
 
 
 class EpochWorkerDiesAfterDequeue(Worker):

@@ -15,8 +15,8 @@ from rq.job import Job as RQJob
 from rq.queue import Queue as RQQueue
 
 import rq_epoch
-from rq_epoch import keys
 from rq_epoch.compat import text as _text
+from rq_epoch.protocol import keys
 
 from .plan import ALLOWED_REASONS, EPOCH, FAILOVER_TAIL, SERVER_ERRORS, Config, Plan
 from .results import Attempt, JobAudit, SideResult
@@ -124,7 +124,7 @@ def read_takes(folder: Path, events: list[dict[str, Any]]) -> dict[str, list[tup
     return takes
 
 
-#: rq-epoch's log line of a counted verdict (``_LOG_VERDICT_MSG`` in ``rq_epoch/sweep.py``).
+#: rq-epoch's log line of a counted verdict (``_LOG_VERDICT_MSG`` in ``rq_epoch/sweep/sweeper.py``).
 _COUNTED_LINE = re.compile(
     r'sweep: job (\S+) queue \S+ verdict (?:recovered|dead) stalled (\d+)/\d+ lease_epoch (\S*) run_id (\S+)'
 )

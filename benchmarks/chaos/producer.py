@@ -14,8 +14,8 @@ from rq.job import Dependency
 from rq.queue import Queue as RQQueue
 
 import rq_epoch
-from rq_epoch import keys
-from rq_epoch.failover import is_outage
+from rq_epoch.protocol import keys
+from rq_epoch.worker.failover import is_outage
 
 from .plan import EPOCH, ON_FAILURE, PILL, RESULT_TTL, SERVER_ERRORS, WORK, Config, JobSpec, Plan
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from rq_epoch import keys
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.protocol import keys
 
 from .audit import audit
 from .plan import BUSY_WAIT, ROOT, SERVER_ERRORS, Config, FaultSpec, Plan

@@ -14,9 +14,9 @@ from typing import Any
 import redis
 
 import rq_epoch
-from rq_epoch import keys
 from rq_epoch.compat import text as _text
-from rq_epoch.failover import is_outage
+from rq_epoch.protocol import keys
+from rq_epoch.worker.failover import is_outage
 
 from .plan import EPOCH, QUEUE, SERVER_ERRORS, SIDES
 

@@ -42,7 +42,7 @@ def info(*lua_scripts: str) -> dict[str, Any]:
     import rq_epoch
 
     package = resources.files('rq_epoch')
-    scripts = package.joinpath('lua')
+    scripts = package.joinpath('protocol').joinpath('lua')
     missing = [name for name in lua_scripts if not scripts.joinpath(name).is_file()]
     if not package.joinpath('py.typed').is_file():
         missing.append('py.typed')
@@ -95,7 +95,7 @@ def finished(url: str, job_id: str, result_json: str) -> dict[str, Any]:
 
 def wait_expired(url: str, queue_name: str, job_id: str, timeout: str) -> dict[str, Any]:
     """Poll until the job's managed lease exists and its deadline (server time) has passed."""
-    from rq_epoch import keys
+    from rq_epoch.protocol import keys
 
     conn = _connect(url)
     key = keys.leases_key(queue_name)

@@ -149,7 +149,7 @@ def _pip_noise(line: str) -> bool:
 
 def lua_scripts() -> list[str]:
     """The Lua scripts of the checkout: every one must be in the wheel and the sdist."""
-    return sorted(p.name for p in (ROOT / 'rq_epoch' / 'lua').glob('*.lua'))
+    return sorted(p.name for p in (ROOT / 'rq_epoch' / 'protocol' / 'lua').glob('*.lua'))
 
 
 def python_modules() -> list[str]:
@@ -164,7 +164,7 @@ def check_artifacts(wheel: Path, sdist: Path | None) -> None:
     print(f'wheel {wheel.name}: {len(members)} files')
     for name in members:
         print(f'  {name}')
-    wanted = [f'rq_epoch/lua/{name}' for name in lua_scripts()] + ['rq_epoch/py.typed']
+    wanted = [f'rq_epoch/protocol/lua/{name}' for name in lua_scripts()] + ['rq_epoch/py.typed']
     wanted += python_modules()  # subpackages (rq_epoch.demo) included
     missing = [name for name in wanted if name not in members]
     if not any(re.fullmatch(r'[^/]+\.dist-info/licenses/LICENSE', name) for name in members):
@@ -177,7 +177,7 @@ def check_artifacts(wheel: Path, sdist: Path | None) -> None:
         print(f'sdist {sdist.name}: {len(sdist_members)} entries')
         wanted_sdist = ['LICENSE', 'CHANGELOG.md', 'README.md', 'PKG-INFO', 'setup.cfg', 'pyproject.toml']
         wanted_sdist += ['docs/design.md', 'tests/conftest.py', 'tests/packaging/smoke_wheel.py', 'rq_epoch/py.typed']
-        wanted_sdist += [f'rq_epoch/lua/{name}' for name in lua_scripts()]
+        wanted_sdist += [f'rq_epoch/protocol/lua/{name}' for name in lua_scripts()]
         missing += [f'(sdist) {name}' for name in wanted_sdist if name not in sdist_members]
     if missing:
         raise SmokeFailed(f'missing from the artifacts: {", ".join(missing)}')
