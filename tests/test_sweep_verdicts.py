@@ -10,7 +10,7 @@ import redis
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_epoch import Job, Queue, Sweeper
+from rq_epoch import Job, Queue, StartedJobRegistry, Sweeper
 from rq_epoch.protocol import keys, scripts, verbs
 from tests.leases import OTHER_EPOCH, current_run_id, execution_of, expire, legacy_start_job, start_job
 
@@ -178,6 +178,22 @@ def test_recovered_counts_and_requeues(conn) -> None:
     job = Job.fetch(job.id, connection=conn)
     assert (job.get_status(), job.stalled) == (JobStatus.QUEUED, 1)
     assert queue.get_job_ids() == [job.id]
+
+
+@pytest.mark.parametrize('reached', ['built directly', "through the job, by RQ's get_job_ids"])
+def test_the_started_registrys_cleanup_is_the_epoch_aware_sweep(conn, reached: str) -> None:
+    """rq-epoch's StartedJobRegistry answers RQ's cleanup() with the sweep (RQ's own cleanup finds
+    nothing expired: RQ's entry of a managed job never expires)."""
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue)
+    if reached == 'built directly':
+        StartedJobRegistry('default', connection=conn).cleanup()
+    else:
+        assert job.started_job_registry.get_job_ids() == []  # RQ runs cleanup() first
+    job = Job.fetch(job.id, connection=conn)
+    assert (job.get_status(), job.stalled) == (JobStatus.QUEUED, 1)
+    assert queue.get_job_ids() == [job.id]
+    assert lease_entries(conn) == (0, 0)
 
 
 def test_stall_counts_written_by_hand_that_are_not_whole_numbers_count_as_unset(conn) -> None:
