@@ -42,7 +42,9 @@ default), as a stock idle worker does. The watcher goes back to RQ's loop once p
 interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
 for the idle fleet. A worker alone on one queue blocks in RQ's ``BLMOVE`` (which wakes one
 worker per job) and goes back to RQ's loop once per sweep interval when it won the queue's
-sweep ticket last time, else every :attr:`Taker.bench_wait` seconds. A worker that polls goes
+sweep ticket last time, else every two intervals (so that a sweeper that died is replaced
+within two intervals: a dead worker's job is still detected within the lease and two sweep
+intervals, 40 s with the defaults). A worker that polls goes
 back once per sweep interval.
 
 No server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING``
@@ -283,9 +285,9 @@ class Taker:
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
         #: Whether this worker won a sweep ticket at its last sweep (the worker sets it): a
-        #: worker alone on one queue then waits one sweep interval at a time, else
-        #: :attr:`bench_wait`, so that only the fleet's sweeper of an idle queue wakes each
-        #: interval.
+        #: worker alone on one queue then waits one sweep interval at a time, else two, so
+        #: that only the fleet's sweeper of an idle queue wakes each interval, and a sweeper
+        #: that died is replaced within two.
         self.sweeping = True
         #: The set of queues (:func:`rq_epoch.protocol.keys.queue_set_id`) this taker last claimed a
         #: place in, the place, and when (``time.monotonic()``; None: claim at the next turn).
@@ -366,9 +368,10 @@ class Taker:
         if len(queues) == 1 and get_version(self.connection) >= (6, 2, 0):
             # RQ moves the job into the intermediate list itself (BLMOVE), and blocks: one
             # sweep interval when this worker swept the queue last (so that RQ's loop sweeps
-            # it on time), else a bench's wait (another worker sweeps it).
+            # it on time), else two (another worker sweeps it; if that one died, this one
+            # asks for the ticket within two intervals).
             base: Any = queue_class.__mro__[1]
-            wait = self.sweep_interval if self.sweeping else self.bench_wait
+            wait = self.sweep_interval if self.sweeping else 2 * self.sweep_interval
             self.counters.blocking_moves += 1
             return base.dequeue_any(
                 queues,
