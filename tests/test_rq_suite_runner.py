@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.skipif(not hasattr(signal, 'SIGRTMIN'), reason='needs SIGRTMIN (Linux)')
 
 #: A test that signals its own process group, as RQ's test does when its child is late.
-SIGNALLING_TEST = '''
+SIGNALLING_TEST = """
 import multiprocessing
 import os
 import signal
@@ -51,10 +51,10 @@ def test_signal_to_the_runners_group():
     finally:
         if child.is_alive():
             child.kill()
-'''
+"""
 
 #: Calls run.py's run_pytest on the test above and prints the outcomes as JSON.
-DRIVER = '''
+DRIVER = """
 import json
 import sys
 from pathlib import Path
@@ -65,7 +65,7 @@ from run import run_pytest
 results, output = run_pytest(Path(sys.argv[2]), 6379, False, ['test_signalling.py'], Path(sys.argv[2]) / 'report.xml')
 print(output)
 print(json.dumps(results))
-'''
+"""
 
 
 def test_a_signal_rq_tests_send_to_pytests_group_ends_neither_pytest_nor_the_runner(tmp_path: Path) -> None:

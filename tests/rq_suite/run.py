@@ -170,7 +170,7 @@ def main() -> int:
         substituted, _ = run_pytest(source, server.port, True, tests, work / 'substituted.xml')
         print(f'RQ {version}, rq-epoch workers, {args.server}: {counts(substituted)} ({time.monotonic() - phase:.0f}s)')
         if sum(1 for outcome in substituted.values() if outcome == 'passed') < MIN_PASSED:
-            sys.exit(f'only {counts(substituted)}: fewer than {MIN_PASSED} of RQ\'s tests passed, not a comparison')
+            sys.exit(f"only {counts(substituted)}: fewer than {MIN_PASSED} of RQ's tests passed, not a comparison")
         failed = sorted(t for t, o in substituted.items() if o == 'failed')
         output = ''
         if failed:  # again, to rule out a flaky test
