@@ -146,9 +146,11 @@ def test_idle_waiters_sleep_while_the_watcher_and_its_deputy_keep_watch(conn, st
     pytest.fail('the watch or the deputy changed hands in three windows in a row')
 
 
-def test_idle_workers_alone_on_one_queue_wake_half_as_often_as_the_one_that_sweeps_it(conn, start_worker) -> None:
+def test_idle_workers_alone_on_one_queue_leave_the_wait_about_half_as_often_as_every_interval(
+    conn, start_worker
+) -> None:
     """Workers on one queue wait in RQ's BLMOVE; the winner of its sweep ticket goes back to RQ's
-    loop each interval (to sweep it), the others every two intervals; killed, it is replaced."""
+    loop each interval (to sweep it), the others every two intervals; a killed sweeper is replaced."""
     fleet = [start_worker('fleet-one', worker_class=COUNTING, env={'RQ_EPOCH_SWEEP_INTERVAL': '1'}) for _ in range(4)]
     wait_for(lambda: conn.scard(keys.workers_key()) == len(fleet), 60, what='4 workers registered')
     wait_for(lambda: all(counter(worker, 'blocking_moves') for worker in fleet), 30, what='every worker waiting')
@@ -159,10 +161,13 @@ def test_idle_workers_alone_on_one_queue_wake_half_as_often_as_the_one_that_swee
     before = {worker.pid: counter(worker, 'blocking_moves') for worker in fleet}
     first = sweeps()
     wait_for(lambda: sweeps() >= first + 8, 60, what='eight more sweeps of the queue')
-    moves = sorted((counter(worker, 'blocking_moves') - before[worker.pid], worker.pid) for worker in fleet)
-    (most, sweeper_pid), others = moves[-1], [n for n, _ in moves[:-1]]
-    assert most >= 7, moves  # one per sweep
-    assert all(n <= 5 for n in others), moves  # one per two intervals
+    moves = {worker.pid: counter(worker, 'blocking_moves') - before[worker.pid] for worker in fleet}
+    swept = sweeps() - first
+    # Each sweep is one worker's turn in RQ's loop; the others wait two intervals at a time.
+    # Were every worker to go back each interval, the fleet would make about 4 × 8 moves.
+    # (The ticket may pass from one worker to another: only the fleet's total is bounded.)
+    assert sum(moves.values()) <= 0.8 * len(fleet) * swept, (moves, swept)
+    sweeper_pid = max(moves, key=lambda pid: moves[pid])
 
     # The sweeper killed: another worker sweeps the queue within two intervals.
     next(worker for worker in fleet if worker.pid == sweeper_pid).kill()
