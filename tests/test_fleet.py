@@ -64,7 +64,7 @@ def deputy(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
     return holder(conn, fleet, keys.deputy_key(SET_ID))
 
 
-def test_one_enqueue_wakes_at_most_two_of_eight_idle_workers(conn, start_worker) -> None:
+def test_one_enqueue_makes_at_most_two_of_eight_idle_workers_read_the_queues(conn, start_worker) -> None:
     # A long sweep interval: nothing but the enqueues happens while the workers idle.
     fleet = start_fleet(start_worker, conn, 8, {'RQ_EPOCH_SWEEP_INTERVAL': '30'})
     client_id = conn.client_id()

@@ -24,8 +24,9 @@ interval that it refreshes while it waits), and only the watcher keeps tracking 
 The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An
 enqueue wakes the watcher alone; it takes the job, then, once the job runs, hands the
 watch on (``watch.lua``: its key deleted, one token pushed on the baton list), and the one
-waiter that pops the token claims the watch and arms tracking. An enqueue thus wakes at most two
-workers (the watcher, and the waiter it hands on to), however many wait.
+waiter that pops the token claims the watch and arms tracking. An enqueue thus makes at most
+two workers read the queues (the watcher, and the waiter it hands on to), however many wait;
+when the token reaches the deputy, a third wakes for one claim, to be the next deputy.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
 sweep interval). One waiter, the *deputy* (``<prefix>:epoch:deputy:<set>``), blocks no
@@ -449,8 +450,9 @@ class Taker:
         the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and sweeps; a
         wake-up whose write left no job (another worker took it, or it was a write that adds
         none) goes back to waiting after one ``EXISTS``, without a take. Any other worker
-        sleeps: it waits for the baton, at most :attr:`watch_ttl` seconds at a time, then
-        tries to claim the watch, until it becomes the watcher or ``seconds`` have passed.
+        sleeps: it waits for the baton, at most :attr:`watch_ttl` seconds at a time as the
+        deputy and :attr:`bench_wait` seconds otherwise, then claims again, until it becomes
+        the watcher or ``seconds`` have passed.
         While polling, it returns True after :attr:`poll_interval` seconds.
         """
         deadline = time.monotonic() + seconds
