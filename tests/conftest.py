@@ -42,6 +42,16 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
+def thaw(frozen: list[int]) -> None:
+    """SIGCONT the processes of ``[worker, *work_horses]`` frozen together, work-horses first.
+
+    A worker that runs again reaps a work-horse that finished meanwhile at once; continued
+    first, the work-horses are still there to be signalled. A process already gone is skipped.
+    """
+    for pid in reversed(frozen):
+        send_signal(pid, signal.SIGCONT)
+
+
 @pytest.fixture(scope='module', params=SERVER_KINDS)
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     data_dir = tmp_path_factory.mktemp(f'{request.param}-data')

@@ -24,7 +24,7 @@ from rq.results import Result
 from rq_epoch import Job, Queue
 from rq_epoch.ops.cli import main
 from rq_epoch.protocol import keys
-from tests.conftest import wait_for
+from tests.conftest import thaw, wait_for
 
 QUEUE = 'fence'
 
@@ -124,8 +124,7 @@ def test_a_frozen_execution_runs_no_callback_once_its_lease_is_taken(conn, start
         wait_for(lambda: 'not running its on_success callback' in stale.output(), 20, what='callback skipped')
         wait_for(lambda: f'refused the success of job {job.id}' in stale.output(), 20, what='outcome refused')
     finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
+        thaw(frozen)
     assert conn.lrange(f'test:on_success:{job.id}', 0, -1) == [b'f']  # B's callback only
     assert [r.type for r in Job.fetch(job.id, connection=conn).results()] == [Result.Type.SUCCESSFUL]
 

@@ -12,7 +12,7 @@ from rq.registry import FailedJobRegistry
 
 from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.protocol import keys
-from tests.conftest import wait_for
+from tests.conftest import thaw, wait_for
 
 
 def test_frozen_worker_loses_its_lease_and_stands_down(conn, start_worker, tmp_path: Path) -> None:
@@ -34,8 +34,7 @@ def test_frozen_worker_loses_its_lease_and_stands_down(conn, start_worker, tmp_p
         )
         assert [(v.job_id, v.verdict) for v in report.verdicts] == [(job.id, 'recovered')]
     finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
+        thaw(frozen)
     wait_for(lambda: 'lease of job' in worker.output(), 20, what='the worker noticing its lease is gone')
     wait_for(lambda: not any(Path(f'/proc/{pid}').exists() for pid in horses), 20, what='horse stopped')
     with conn.pipeline() as pipe:  # one read of the lease and of its holder

@@ -23,7 +23,7 @@ from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.ops.metrics import LEASE_STATES, ROUND_TRIPS, SWEPT_VERDICTS, EpochCollector, epoch_age, serve
 from rq_epoch.protocol import keys
 from rq_epoch.protocol.server import read_primary_state
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, thaw, wait_for
 from tests.leases import CURRENT, OTHER_EPOCH, current_run_id, start_job
 from tests.test_cli import snapshot
 
@@ -338,8 +338,7 @@ def test_a_refused_stale_outcome_is_counted_in_the_scrape(
             os.kill(pid, signal.SIGCONT)
         wait_for(lambda: conn.hget(keys.stats_key('fence'), 'refused') == b'1', 20, what='the stale outcome refused')
     finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
+        thaw(frozen)
     exporter = start_exporter('--url', server.url)
     _, samples = scrape_up(exporter.url)
     assert value(samples, 'rq_epoch_stale_outcomes_refused_total', queue='fence') == 1
