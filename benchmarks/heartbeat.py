@@ -125,7 +125,7 @@ def latency(conn: redis.Redis, beats: int) -> dict[str, Any]:
         [epoch_queue], connection=conn, name='beat-epoch', heartbeat_interval=1, sweep_interval=86_400
     )
     scripts.load_all(conn)
-    epoch._known_run_id = str(conn.info('server')['run_id'])
+    epoch.contact.run_id = str(conn.info('server')['run_id'])
     epoch._last_sweep = time.monotonic()
     for worker in (stock, epoch):
         worker.register_birth()

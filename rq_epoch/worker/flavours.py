@@ -93,16 +93,16 @@ class LeaseKeeper(threading.Thread):
             try:
                 reply = self.worker._heartbeat_lease(self.job, self.execution, self.connection)
             except CONNECTION_ERRORS as exc:
-                self.worker._server_unreachable(exc)
+                self.worker.contact.lost(exc)
                 self.stopped.wait(delay)
-                delay = min(delay * 2, self.worker._max_backoff())
+                delay = min(delay * 2, self.worker.outcomes.max_backoff)
                 continue
             except Exception:  # noqa: BLE001 - the keeper must not die silently
                 self.worker.log.exception('Worker %s: lease heartbeat of job %s failed', self.worker.name, self.job.id)
                 self.stopped.wait(delay)
-                delay = min(delay * 2, self.worker._max_backoff())
+                delay = min(delay * 2, self.worker.outcomes.max_backoff)
                 continue
-            self.worker._server_reachable(reply.run_id)
+            self.worker.contact.reached(reply.run_id)
             if reply.extended:
                 return True
             if reply.taken:
@@ -221,7 +221,7 @@ class SpawnWorker(Worker, RQSpawnWorker):
                     'created_at': self.execution.created_at,
                     'last_heartbeat': self.execution.last_heartbeat,
                 },
-                'max_backoff': self._max_backoff(),
+                'max_backoff': self.outcomes.max_backoff,
                 'attributes': {
                     'death_penalty_class': self.death_penalty_class,
                     '_exc_handlers': self._exc_handlers,
@@ -335,7 +335,7 @@ def _spawned_horse() -> None:
     worker, job, queue, run_id = rebuilt
     # A forked work-horse inherits the worker's watch of the primary; a spawned one needs its
     # own, or after a failover its outcome would go to the demoted primary.
-    worker._known_run_id = run_id
+    worker.contact.run_id = run_id
     worker.primary_watch = worker.watch_primary(run_id)
     worker.main_work_horse(job, queue)
 

@@ -1,8 +1,16 @@
 """RQ's Worker, with epoch-stamped leases and its own frequent epoch-aware sweep.
 
-:class:`Worker` is built in layers over RQ's worker, one module each: fenced outcomes
-(:mod:`rq_epoch.worker.outcomes`), grants and heartbeats (:mod:`rq_epoch.worker.heartbeats`), and here the
-start-up, following the primary, riding out outages, taking jobs and sweeping.
+:class:`Worker` is RQ's worker class with its hooks filled in; the work is done by the objects
+it owns, one concept each:
+
+* :class:`~rq_epoch.worker.contact.ServerContact`: the epoch it last saw, and outages;
+* :class:`~rq_epoch.worker.outcomes.OutcomeWriter`: outcomes fenced and written through an outage
+  (the fence itself: :mod:`rq_epoch.worker.fence`);
+* the grant and heartbeat round trips of :mod:`rq_epoch.worker.heartbeats`;
+* :class:`~rq_epoch.worker.failover.PrimaryWatch`: following the primary after a failover;
+* :class:`~rq_epoch.worker.take.Taker`: taking jobs and waiting for the next one;
+* :class:`~rq_epoch.sweep.Sweeper`, run when the worker wins a queue's sweep ticket
+  (:mod:`rq_epoch.worker.tickets`).
 """
 
 from __future__ import annotations
@@ -15,32 +23,37 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
 from rq.utils import now
+from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
 from .. import compat
-from ..errors import RqEpochError
-from ..jobs.job import Job
-from ..jobs.jobclass import resolve_job_class
-from ..protocol import keys, scripts
+from ..errors import CONNECTION_ERRORS, OutcomeRefused, RqEpochError
+from ..jobs.job import EpochJobMixin, Job
+from ..jobs.jobclass import adopt, resolve_job_class
+from ..protocol import keys, scripts, verbs
 from ..protocol.report import SweepReport
 from ..protocol.server import ServerEpoch, read_epoch
 from ..settings import EpochSettings
 from ..sweep.sweeper import Sweeper
+from .contact import ServerContact
 from .failover import PrimaryWatch, is_outage
-from .heartbeats import Heartbeats
-from .outcomes import CONNECTION_ERRORS, FencedOutcomes
+from .fence import Fence, arm
+from .heartbeats import grant_again, heartbeat_round_trip, lease_ttl
+from .outcomes import OutcomeWriter
 from .take import Taker
 from .tickets import take_tickets
 
 if TYPE_CHECKING:
+    from redis import Redis
     from redis.client import Pipeline, PubSub, PubSubWorkerThread
+    from rq.executions import Execution
     from rq.queue import Queue as RQQueue
 
 __all__ = ['Worker', 'wait_while_unavailable']
@@ -95,7 +108,7 @@ def wait_while_unavailable(
     raise redis.exceptions.ConnectionError('the server did not come back')
 
 
-class Worker(Heartbeats):
+class Worker(RQWorker):
     """An RQ worker whose leases carry the server epoch.
 
     * grants a lease stamped with the server's run_id when it starts an execution, and
@@ -112,6 +125,9 @@ class Worker(Heartbeats):
     """
 
     job_class = Job
+    #: Longest wait, in seconds, for the server to return while an outcome is unwritten (and
+    #: while a job waits to start: RQ's preparation, a spawned work-horse's rebuild).
+    outcome_retry_limit: float = 600.0
 
     def __init__(
         self,
@@ -157,8 +173,7 @@ class Worker(Heartbeats):
             )
         self.job_monitoring_interval = self.epoch_settings.heartbeat_interval
         self._last_sweep: float | None = None
-        self._known_run_id: str | None = None
-        self._server_lost_at: float | None = None
+        #: Jobs whose lease this worker saw a sweep take: their failure is not this worker's to record.
         self._lost_lease_job_ids: set[str] = set()
         self._scheduler_tried_at = float('-inf')
         self._dead_scheduler_pid: int | None = None
@@ -167,6 +182,23 @@ class Worker(Heartbeats):
         self.primary_watch: PrimaryWatch | None = None
         #: How this worker logs (level, date format, format), as given to :meth:`bootstrap`.
         self.log_settings: tuple[str | None, str, str] | None = None
+        #: The epoch this worker last saw, and the outage under way if any.
+        self.contact = ServerContact(
+            log=self.log,
+            name=self.name,
+            announced=self._failover_announced,
+            on_back=lambda: self._keep_scheduler(force=True),
+            on_new_epoch=lambda: scripts.load_all(self.connection),
+        )
+        #: Writes the outcomes of this worker's executions, fenced, through an outage.
+        self.outcomes = OutcomeWriter(
+            self.connection,
+            log=self.log,
+            name=self.name,
+            retry_limit=self.outcome_retry_limit,
+            max_backoff=float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval))),
+            before_write=self._follow_primary,
+        )
 
     # -- start -----------------------------------------------------------------------
 
@@ -190,7 +222,7 @@ class Worker(Heartbeats):
         self.log_settings = (logging_level, date_format, log_format)
         setup_loghandlers(logging_level, date_format, log_format, name='rq.worker')  # as RQ's bootstrap does first
         current = self.wait_for_server()
-        self._known_run_id = current.run_id
+        self.contact.run_id = current.run_id
         self.primary_watch = self.watch_primary(current.run_id)
         super().bootstrap(logging_level, date_format, log_format)
         setup_loghandlers(logging_level, date_format, log_format, name='rq_epoch')
@@ -261,6 +293,10 @@ class Worker(Heartbeats):
         if self.primary_watch is not None:
             self.primary_watch.refresh()
 
+    def _failover_announced(self, run_id: str) -> bool:
+        """Whether the primary watch logged the move to the server process ``run_id``."""
+        return self.primary_watch is not None and self.primary_watch.announced(run_id)
+
     def _pubsub_exception_handler(self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread) -> None:
         """RQ's handler, quiet and quick when the connection was closed to follow a new primary."""
         watch = self.primary_watch
@@ -328,12 +364,12 @@ class Worker(Heartbeats):
         except CONNECTION_ERRORS as exc:
             if self.horse_pid:
                 raise
-            self._server_unreachable(exc)
+            self.contact.lost(exc)
             kwargs: dict[str, Any] = {'queue': queue, 'exc_string': 'Work-horse terminated unexpectedly'}
             if args:
                 kwargs['execution'] = args[0]
-            rq_failure = super(FencedOutcomes, self).handle_job_failure  # RQ's own: this call is fenced already
-            self.write_outcome(job, 'failure', lambda: None if self._outcome_landed(job) else rq_failure(job, **kwargs))
+            rq_failure = super().handle_job_failure  # RQ's own: this call is fenced already
+            self.write_outcome(job, 'failure', lambda: None if self.outcomes.landed(job) else rq_failure(job, **kwargs))
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
@@ -341,11 +377,11 @@ class Worker(Heartbeats):
             return super().heartbeat(timeout, pipeline=pipeline)
         try:
             super().heartbeat(timeout)
-            if self._server_lost_at is not None:
-                self._server_reachable(read_epoch(self.connection).run_id)
+            if not self.contact.reachable:
+                self.contact.reached(read_epoch(self.connection).run_id)
             self._keep_scheduler()
         except CONNECTION_ERRORS as exc:
-            self._server_unreachable(exc)
+            self.contact.lost(exc)
 
     def _keep_scheduler(self, force: bool = False) -> None:
         """Start RQ's scheduler process again if it died (``--with-scheduler``, worker pools).
@@ -382,7 +418,7 @@ class Worker(Heartbeats):
         try:
             super().set_state(state)
         except CONNECTION_ERRORS as exc:
-            self._server_unreachable(exc)
+            self.contact.lost(exc)
 
     def set_current_job_working_time(self, working_time: float, pipeline: Pipeline | None = None) -> None:
         """RQ 2's working-time bookkeeping (called while monitoring); rides out an outage."""
@@ -391,14 +427,213 @@ class Worker(Heartbeats):
         try:
             super().set_current_job_working_time(working_time)  # type: ignore[misc]
         except CONNECTION_ERRORS as exc:
-            self._server_unreachable(exc)
+            self.contact.lost(exc)
 
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's suspension check; while the server is unreachable, the dequeue loop waits."""
         try:
             super().check_for_suspension(burst)
         except CONNECTION_ERRORS as exc:
-            self._server_unreachable(exc)
+            self.contact.lost(exc)
+
+    # -- leases ----------------------------------------------------------------------
+
+    def get_heartbeat_ttl(self, job: RQJob, working_time: float = 0.0) -> int:
+        """Seconds the lease lasts past this heartbeat: the interval plus the lease margin
+        (see :func:`rq_epoch.worker.heartbeats.lease_ttl`)."""
+        return lease_ttl(self.epoch_settings, job, working_time)
+
+    def prepare_execution(self, job: RQJob) -> Execution:
+        """Start an execution as RQ does; the grant script rides in RQ's transaction.
+
+        The job object then carries the execution's :class:`~rq_epoch.worker.fence.Fence` (the
+        work-horse inherits it), so its callbacks run only while the lease is held. A job
+        object of a class without the epoch behaviour is given it first (see
+        :func:`rq_epoch.jobs.jobclass.adopt`): every execution this worker starts is leased.
+        """
+        adopt(job)
+        try:
+            execution = super().prepare_execution(job)
+        except redis.exceptions.NoScriptError:
+            # The server restarted since the scripts were loaded; RQ's writes landed,
+            # the grant did not. Load the scripts and grant now.
+            scripts.load_all(self.connection)
+            if self.execution is None:
+                raise
+            execution = self.execution
+            grant_again(self.connection, job, execution, self.get_heartbeat_ttl(job), self.job_class)
+        cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
+        return execution
+
+    def perform_job(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> bool:
+        """Run the job as RQ does (in the work-horse, or in-process), as the execution that holds its lease.
+
+        A job object without the epoch behaviour is given it, and one that does not carry
+        its execution's fence yet (a spawned work-horse fetched it anew) is given it.
+        """
+        leased = cast(EpochJobMixin, adopt(job))
+        execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
+        if leased.fence is None and execution is not None and execution.job_id == job.id:
+            leased.fence = Fence(job.origin, job.id, execution.id)
+        leased.ride_out = lambda call: self.ride_out_before_function(job, call)
+        return bool(super().perform_job(job, queue, *args, **kwargs))
+
+    def ride_out_before_function(self, job: RQJob, call: Callable[[], _T]) -> _T:
+        """Run ``call`` (the job's ``perform``), again after a server outage in RQ's step before the function.
+
+        The job has not run yet, as in :meth:`prepare_job_execution`: a connection error there
+        must not fail it (see :meth:`rq_epoch.Job.perform` for which errors are the job's).
+        Attempts go on with backoff for up to :attr:`outcome_retry_limit` seconds, while the
+        worker keeps heartbeating (and stops this work-horse if a sweep takes the lease). The
+        job's timeout keeps running meanwhile.
+        """
+        give_up = time.monotonic() + self.outcome_retry_limit
+
+        def unreachable(exc: Exception, attempt: int) -> None:
+            if attempt == 0:
+                self.log.warning(
+                    'Worker %s: server unreachable before job %s started (%s); retrying', self.name, job.id, exc
+                )
+
+        return self.outcomes.with_backoff(call, give_up, unreachable)
+
+    def prepare_job_execution(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
+        """RQ's preparation in the work-horse (status "started"), riding out a server outage.
+
+        The job has not run yet: a connection error here must not fail it. RQ's writes are
+        one transaction and idempotent, so they are tried again with backoff; meanwhile
+        the worker keeps heartbeating and stops this horse if a sweep takes the lease.
+        """
+        give_up = time.monotonic() + self.outcome_retry_limit
+        rq_prepare = super().prepare_job_execution
+        self.outcomes.with_backoff(lambda: rq_prepare(job, *args, **kwargs), give_up)
+
+    def maintain_heartbeats(self, job: RQJob, execution: Execution | None = None) -> None:
+        """Heartbeat the worker, the execution and the job, and extend the stamped lease.
+
+        One round trip, as RQ's own heartbeat. A server outage is ridden out: attempts are
+        retried with exponential backoff for up to one heartbeat interval, then the
+        work-horse is checked again and the next heartbeat goes on trying. A lease that a
+        sweep has taken is not brought back: the work-horse is stopped, since the job has
+        been handed on.
+        """
+        execution = execution if execution is not None else self.execution
+        if execution is None:
+            return
+        adopt(job)
+        deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
+        try:
+            reply = self.outcomes.with_backoff(
+                lambda: self._heartbeat_lease(job, execution), deadline, lambda exc, _: self.contact.lost(exc)
+            )
+        except CONNECTION_ERRORS:
+            return  # the next heartbeat goes on trying
+        self.contact.reached(reply.run_id)
+        if not reply.extended and reply.taken:
+            # A sweep took this execution's lease (its record names this execution). A
+            # lease that is gone without such a record was ended by the work-horse's own
+            # commit, which may still be running RQ's steps that follow it.
+            self._lease_lost(job, reply.taken)
+        self._sweep_if_due()
+
+    def _heartbeat_lease(self, job: RQJob, execution: Execution, connection: Redis | None = None) -> verbs.ExtendReply:
+        """One heartbeat round trip (:func:`rq_epoch.worker.heartbeats.heartbeat_round_trip`).
+
+        ``connection``: the client to send it with (a lease keeper thread has its own).
+        """
+        if compat.HEARTBEAT_TTL_TAKES_WORKING_TIME:  # RQ 3 passes the working time, measured from the job's start
+            working_time = (now() - job.started_at).total_seconds() if job.started_at else 0.0
+            ttl = int(self.get_heartbeat_ttl(job, working_time=working_time))
+        else:
+            ttl = int(self.get_heartbeat_ttl(job))
+        return heartbeat_round_trip(
+            self, job, execution, ttl, connection if connection is not None else self.connection
+        )
+
+    def _lease_lost(self, job: RQJob, verdict: str) -> None:
+        self._lost_lease_job_ids.add(job.id)
+        self.log.warning(
+            'Worker %s: a sweep took the lease of job %s (verdict %s) while this worker could not '
+            'heartbeat; stopping its work-horse',
+            self.name,
+            job.id,
+            verdict,
+        )
+        self.kill_horse()
+
+    # -- outcomes --------------------------------------------------------------------
+
+    def cleanup_execution(self, job: RQJob, pipeline: Pipeline, *args: Any, **kwargs: Any) -> None:
+        """Remove the execution as RQ does, and fence the outcome transaction it is part of.
+
+        Every outcome path of RQ (success, failure, retry, stop, a dead work-horse) calls
+        this with the pipeline that carries the outcome. The pipeline is armed with this
+        execution's fence: its commit lands only while the execution holds the lease.
+        """
+        execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
+        if execution is None:
+            # RQ's loop is building the same transaction again after a WatchError; RQ 2 let
+            # go of the execution the first time round. The pipeline remembers it.
+            execution = pipeline.__dict__.get('_rq_epoch_execution')
+            if execution is not None and execution.job_id == job.id:
+                if compat.CLEANUP_TAKES_EXECUTION:
+                    kwargs['execution'] = execution
+                else:
+                    self.execution = execution
+        super().cleanup_execution(job, pipeline, *args, **kwargs)
+        if execution is not None and execution.job_id == job.id:
+            pipeline.__dict__['_rq_epoch_execution'] = execution
+            arm(pipeline, Fence(job.origin, job.id, execution.id))
+
+    def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
+        """Fail (or retry, or stop) a job as RQ does, fenced; rides out a server outage.
+
+        A job whose lease this worker saw a sweep take is not failed at all: it is not ours.
+        """
+        if job.id in self._lost_lease_job_ids:
+            self._lost_lease_job_ids.discard(job.id)
+            self.log.info('Worker %s: not failing job %s, whose lease a sweep took', self.name, job.id)
+            return
+        rq_failure = super().handle_job_failure
+        self.write_outcome(job, 'failure', lambda: rq_failure(job, *args, **kwargs))
+
+    def handle_job_success(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
+        """Record a success as RQ does, fenced; rides out a server outage."""
+        rq_success = super().handle_job_success
+        self.write_outcome(job, 'success', lambda: rq_success(job, *args, **kwargs))
+
+    def handle_job_retry(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
+        """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
+        rq_retry = super().handle_job_retry
+        self.write_outcome(job, 'retry', lambda: rq_retry(job, *args, **kwargs))
+
+    def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
+        """End the execution as RQ does, fenced; rides out a server outage."""
+        rq_end = super().handle_execution_ended
+        self.write_outcome(job, 'end', lambda: rq_end(job, queue, heartbeat_ttl))
+
+    def write_outcome(self, job: RQJob, what: str, write: Callable[[], object]) -> None:
+        """Run ``write`` (RQ's recording of a job's outcome) through :attr:`outcomes`: fenced,
+        riding out a server outage; a refusal is reported with :meth:`outcome_refused`."""
+        refusal = self.outcomes.write(job, what, write)
+        if refusal is not None:
+            self.outcome_refused(job, what, refusal)
+
+    def outcome_refused(self, job: RQJob, what: str, refusal: OutcomeRefused) -> None:
+        """Report an outcome the fence refused: one WARNING line (the server counted it).
+
+        Override it to report elsewhere.
+        """
+        if isinstance(job, EpochJobMixin):
+            job.outcome_refused = True
+        self.log.warning(
+            'Worker %s: refused the %s of job %s from execution %s: %s',
+            self.name,
+            what,
+            job.id,
+            refusal.execution_id,
+            refusal.describe(),
+        )
 
     # -- taking ----------------------------------------------------------------------
 
@@ -462,7 +697,7 @@ class Worker(Heartbeats):
             else:
                 self._sweep_if_due()
         except CONNECTION_ERRORS as exc:
-            self._server_unreachable(exc)
+            self.contact.lost(exc)
 
     def clean_registries(self) -> None:
         """RQ's registry maintenance, with the epoch-aware sweep for started jobs.
