@@ -19,9 +19,8 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import Worker as StockWorker
 
-from rq_epoch import Job, Queue, StalledJobError, Sweeper, compat
+from rq_epoch import DeadLetters, Job, Queue, StalledJobError, Sweeper, compat
 from rq_epoch.protocol import keys
-from rq_epoch.sweep import DeadLetters
 from tests.conftest import ROOT, wait_for
 from tests.leases import start_job
 

@@ -124,7 +124,7 @@ class Sweeper:
             if getattr(cls, name) is not getattr(Sweeper, name):
                 warnings.warn(
                     f'{cls.__qualname__}.{name} is not called by the sweep: override {name} on a subclass '
-                    f'of rq_epoch.sweep.DeadLetters and name it in {cls.__qualname__}.dead_letters_class',
+                    f'of rq_epoch.DeadLetters and name it in {cls.__qualname__}.dead_letters_class',
                     stacklevel=2,
                 )
 
