@@ -22,7 +22,7 @@ from .protocol.report import LeaseVerdict, SweepReport
 from .protocol.server import PrimaryState, ServerEpoch, read_epoch, read_primary_state
 from .protocol.verdicts import Verdict
 from .settings import EpochSettings
-from .sweep import Sweeper
+from .sweep import DeadLetters, Sweeper
 from .worker import HerokuWorker, PrimaryWatch, SimpleWorker, SpawnWorker, Worker
 from .worker.fence import Fence
 
@@ -35,6 +35,7 @@ __version__ = '0.3.0.dev0'
 
 __all__ = [
     'ConfigurationError',
+    'DeadLetters',
     'EpochJobMixin',
     'EpochSettings',
     'EpochUnavailableError',

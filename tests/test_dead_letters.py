@@ -16,9 +16,10 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Dependency, JobStatus
 from rq.queue import Queue as StockQueue
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
+from rq.timeouts import TimerDeathPenalty
 from rq.worker import Worker as StockWorker
 
-from rq_epoch import Job, Queue, Sweeper, compat
+from rq_epoch import DeadLetters, Job, Queue, StalledJobError, Sweeper, compat
 from rq_epoch.protocol import keys
 from tests.conftest import ROOT, wait_for
 from tests.leases import start_job
@@ -228,7 +229,7 @@ def test_a_write_during_the_batch_transaction_records_each_dead_letter_once(conn
     writes: list[int] = []
     fallbacks: list[str] = []
 
-    class SweeperWithAConcurrentWrite(Sweeper):
+    class DeadLettersWithAConcurrentWrite(DeadLetters):
         @staticmethod
         def _queue_failure(pipeline, job, reason) -> None:  # noqa: ANN001 - the base's signature
             if not writes:  # the first job of the batch, inside the watched transaction
@@ -236,11 +237,14 @@ def test_a_write_during_the_batch_transaction_records_each_dead_letter_once(conn
                     writes.append(other.zadd(keys.finishing_key(), {unrelated: 4_000_000_000}))
                 else:
                     writes.append(other.hset(job.key, 'touched', '1'))
-            Sweeper._queue_failure(pipeline, job, reason)
+            DeadLetters._queue_failure(pipeline, job, reason)
 
         def _record_failure(self, job, member, reason) -> bool:  # noqa: ANN001 - the base's signature
             fallbacks.append(job.id)
             return super()._record_failure(job, member, reason)
+
+    class SweeperWithAConcurrentWrite(Sweeper):
+        dead_letters_class = DeadLettersWithAConcurrentWrite
 
     report = SweeperWithAConcurrentWrite(conn, restart_grace=0).sweep(['moved'])
     assert writes == [1]
@@ -352,3 +356,109 @@ def test_a_dependent_of_two_dead_letters_of_one_batch_is_enqueued_once(conn, swe
     assert sorted(report.finished) == sorted([first.id, second.id])
     assert queue.get_job_ids() == [dependent.id]
     assert Job.fetch(dependent.id, connection=conn).get_status() == JobStatus.QUEUED
+
+
+class WordedDeadLetters(DeadLetters):
+    """Dead letters with a failure text and a log of their own."""
+
+    logged: list[tuple[str, str, str]] = []
+
+    def failure_reason(self, job: Job, max_stalled: int, epochs: object = None, at: str | None = None) -> str:
+        return f'gave up on {job.id} after {max_stalled}'
+
+    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+        WordedDeadLetters.logged.append((job.id, queue_name, reason))
+
+
+class WordedSweeper(Sweeper):
+    dead_letters_class = WordedDeadLetters
+
+
+def test_the_dead_letters_class_of_a_sweeper_words_and_logs_its_dead_letters(conn, caplog) -> None:
+    queue = Queue('worded', connection=conn)
+    job, _ = start_job(conn, queue, max_stalled=1, on_failure=Callback('tests.jobs.on_failure_record'))
+    WordedDeadLetters.logged = []
+    sweeper = WordedSweeper(conn, restart_grace=0)
+    assert type(sweeper.dead_letters) is WordedDeadLetters
+    with caplog.at_level(logging.ERROR, logger='rq_epoch'):
+        report = sweeper.sweep(['worded'])
+    assert report.finished == [job.id]
+    reason = f'gave up on {job.id} after 1'
+    assert WordedDeadLetters.logged == [(job.id, 'worded', reason)]
+    assert not [r for r in caplog.records if 'dead-lettered to FailedJobRegistry' in r.getMessage()]
+    assert Job.fetch(job.id, connection=conn).latest_result().exc_string == reason
+    assert conn.lrange(f'test:on_failure:{job.id}', 0, -1) == [f'StalledJobError: {reason}'.encode()]
+    assert sweeper.failure_reason(job, 4) == f'gave up on {job.id} after 4'  # the sweeper's asks its dead letters
+
+
+def test_a_sweeper_subclass_that_overrides_a_dead_letter_hook_is_warned_where_it_is_defined() -> None:
+    with pytest.warns(UserWarning, match=r'OldSweeper\.log_dead_letter is not called by the sweep') as caught:
+
+        class OldSweeper(Sweeper):
+            def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+                pass
+
+    assert [w.filename for w in caught] == [__file__]
+    with pytest.warns(UserWarning, match=r'OldWords\.failure_reason is not called by the sweep'):
+
+        class OldWords(Sweeper):
+            def failure_reason(self, job: Job, max_stalled: int, epochs: object = None, at: str | None = None) -> str:
+                return 'old'
+
+
+def test_the_sweepers_arguments_are_those_of_its_dead_letters(conn) -> None:
+    def handler(*args: object) -> None:
+        pass
+
+    sweeper = CountingSweeper(
+        conn,
+        max_stalled=5,
+        serializer='rq.serializers.JSONSerializer',
+        claim_ttl=7,
+        exception_handlers=[handler],
+        death_penalty_class=TimerDeathPenalty,
+    )
+    dead_letters = sweeper.dead_letters
+    assert (dead_letters.connection, dead_letters.max_stalled, dead_letters.claim_ttl) == (conn, 5, 7)
+    assert (dead_letters.job_class, dead_letters.queue_class) == (Job, CountingQueue)
+    assert dead_letters.serializer is sweeper.serializer and dead_letters.serializer.__name__ == 'JSONSerializer'
+    assert dead_letters.exception_handlers == [handler]
+    assert dead_letters.death_penalty_class is TimerDeathPenalty
+    assert Sweeper(conn).dead_letters.death_penalty_class is Sweeper.death_penalty_class
+
+
+def test_the_exception_handlers_run_for_each_dead_letter_until_one_says_stop(conn) -> None:
+    queue = Queue('handled', connection=conn)
+    job_ids = sorted(start_job(conn, queue, max_stalled=1)[0].id for _ in range(3))
+    calls: list[tuple[str, str, object]] = []
+
+    def first(job: Job, exc_type: type, exc: BaseException, tb: object) -> bool:
+        calls.append(('first', job.id, exc_type))
+        return False  # RQ's rule: the next handlers are not called
+
+    def second(job: Job, exc_type: type, exc: BaseException, tb: object) -> None:
+        calls.append(('second', job.id, exc_type))
+
+    report = Sweeper(conn, restart_grace=0, exception_handlers=[first, second]).sweep(['handled'])
+    assert sorted(report.finished) == job_ids
+    assert sorted(calls) == [('first', job_id, StalledJobError) for job_id in job_ids]
+
+
+class SweeperThatLeavesItsDeadLetters(Sweeper):
+    def finish_dead_letters(self, report: object = None, limit: int = 1000) -> list[str]:
+        return []
+
+
+def test_dead_letters_on_their_own_finish_what_a_sweep_left(conn) -> None:
+    queue = Queue('leftover', connection=conn)
+    job, _ = start_job(conn, queue, on_failure=Callback('tests.jobs.on_failure_record'))  # no budget of its own
+    report = SweeperThatLeavesItsDeadLetters(conn, restart_grace=0, max_stalled=1).sweep(['leftover'])
+    assert [v.verdict for v in report.verdicts] == ['dead'] and report.finished == []
+    assert conn.zscore(keys.finishing_key(), f'leftover|{job.id}') is not None
+
+    assert DeadLetters(conn, max_stalled=1).finish() == [job.id]
+    result = Job.fetch(job.id, connection=conn).latest_result()
+    assert 'StalledJobError: job stalled 1 time(s) (max_stalled 1)' in (result.exc_string or '')
+    assert conn.llen(f'test:on_failure:{job.id}') == 1
+    assert conn.zcard(keys.finishing_key()) == 0
+    assert DeadLetters(conn, max_stalled=1).finish() == []

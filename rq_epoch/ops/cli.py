@@ -34,6 +34,7 @@ from ..protocol.report import LeaseVerdict, SweepReport
 from ..protocol.server import read_epoch
 from ..protocol.verdicts import Verdict
 from ..settings import EpochSettings
+from ..sweep.deadletters import DeadLetters
 from ..sweep.sweeper import Sweeper
 from ..worker.worker import wait_while_unavailable
 from .cli_config import CliConfig, F, fail, pass_cli_config, server_errors
@@ -61,13 +62,19 @@ def bounded_option(name: str, low: int, high: int, default: int, help: str) -> C
     return click.option(name, type=click.IntRange(low, high), default=default, show_default=True, help=help)  # type: ignore[return-value]
 
 
+class CliDeadLetters(DeadLetters):
+    """Dead letters as the command finishes them: printed with the sweep's summary, not logged."""
+
+    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+        pass
+
+
 class CliSweeper(Sweeper):
     """The sweep as the command runs it: verdicts and dead letters are printed, not logged."""
 
-    def log_verdict(self, verdict: LeaseVerdict) -> None:
-        pass
+    dead_letters_class = CliDeadLetters
 
-    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+    def log_verdict(self, verdict: LeaseVerdict) -> None:
         pass
 
 

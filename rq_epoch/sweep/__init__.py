@@ -6,10 +6,12 @@ killing their workers (:mod:`.deadletters`), and releases their dependents (:mod
 
 from ..protocol.report import LeaseVerdict, SweepReport
 from ..protocol.server import REPLICA_MAX_LAG, PrimaryState, ServerEpoch, primary_state, read_epoch, read_primary_state
+from .deadletters import DeadLetters
 from .sweeper import Sweeper
 
 __all__ = [
     'REPLICA_MAX_LAG',
+    'DeadLetters',
     'LeaseVerdict',
     'PrimaryState',
     'ServerEpoch',

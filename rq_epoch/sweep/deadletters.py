@@ -1,9 +1,10 @@
 """The Python side effects of dead letters: what RQ does when a job fails, run once per dead letter.
 
 The sweep script dead-letters a job in the server and lists it in ``<prefix>:epoch:finishing``;
-:class:`DeadLetters` (a base of :class:`~rq_epoch.sweep.Sweeper`) claims those entries and runs
-the job's ``on_failure`` callback, the exception handlers, its dependents, its failure Result
-and webhooks, each exactly once whatever the number of sweepers.
+:class:`DeadLetters` claims those entries and runs the job's ``on_failure`` callback, the
+exception handlers, its dependents, its failure Result and webhooks, each exactly once whatever
+the number of sweepers. A :class:`~rq_epoch.sweep.Sweeper` owns one (its ``dead_letters``, made
+from its ``dead_letters_class``) and finishes what each sweep dead-letters with it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import WatchError
 from rq.job import JobStatus
-from rq.timeouts import BaseDeathPenalty
+from rq.serializers import resolve_serializer
+from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 from rq.utils import now
 
 from .. import compat
@@ -32,28 +34,57 @@ from .dependents import BatchDependents
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['CLAIM_BATCH', 'DeadLetters']
+__all__ = ['CLAIM_BATCH', 'CLAIM_TTL', 'DeadLetters']
 
 logger = logging.getLogger('rq_epoch')
 
 #: Dead letters claimed (and then finished, with one transaction for their failure Results) at a time.
 CLAIM_BATCH = 100
+#: Seconds a claim holds its dead letters; the next sweep by anyone finishes those of a sweeper that died.
+CLAIM_TTL = 300
 
 
 class DeadLetters:
-    """Finishes dead letters: claims them and runs their side effects (see the module)."""
+    """Finishes dead letters: claims them and runs their side effects (see the module).
 
-    connection: Redis
-    settings: EpochSettings
-    job_class: type[Job]
-    queue_class: type[Queue]
-    serializer: Any
-    claim_ttl: int
-    death_penalty_class: type[BaseDeathPenalty]
-    exception_handlers: Sequence[Callable[..., Any]]
+    ``max_stalled`` is the stall budget of a job without one of its own (None: the
+    environment's, ``RQ_EPOCH_MAX_STALLED``); ``job_class`` an epoch job class (see
+    :func:`rq_epoch.epoch_job_class`) and ``serializer`` those of the jobs; ``queue_class`` the
+    class of the queues their dependents are enqueued with; ``claim_ttl`` the seconds a claim
+    holds; ``death_penalty_class`` bounds ``on_failure`` callbacks; ``exception_handlers`` are
+    called as a worker calls its own, with :class:`~rq_epoch.StalledJobError`.
 
-    def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
-        """Run the side effects of dead letters nobody has finished (claimed, bounded)."""
+    Subclassing points (name the subclass in :attr:`Sweeper.dead_letters_class
+    <rq_epoch.sweep.Sweeper.dead_letters_class>`): :meth:`failure_reason` (the text of a dead
+    letter's failure) and :meth:`log_dead_letter`.
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        *,
+        max_stalled: int | None = None,
+        job_class: type[Job] = Job,
+        queue_class: type[Queue] = Queue,
+        serializer: Any = None,
+        claim_ttl: int = CLAIM_TTL,
+        death_penalty_class: type[BaseDeathPenalty] = UnixSignalDeathPenalty,
+        exception_handlers: Sequence[Callable[..., Any]] = (),
+    ) -> None:
+        self.connection = connection
+        self.max_stalled = max_stalled if max_stalled is not None else EpochSettings.resolve().max_stalled
+        self.job_class = job_class
+        self.queue_class = queue_class
+        self.serializer = resolve_serializer(serializer)
+        self.claim_ttl = claim_ttl
+        self.death_penalty_class = death_penalty_class
+        self.exception_handlers = list(exception_handlers)
+
+    def finish(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
+        """Run the side effects of dead letters nobody has finished (claimed, bounded); returns the job ids finished.
+
+        With a ``report``, they are added to its ``finished``.
+        """
         done: list[str] = []
         while len(done) < limit:
             claimed = verbs.claim(
@@ -117,7 +148,7 @@ class DeadLetters:
                 moot.append(claim.member)  # gone, or requeued by hand before we finished
                 continue
             epochs = _field(fields, 'stall_epochs') or ''
-            reason = self.failure_reason(job, job.max_stalled or self.settings.max_stalled, epochs, at)
+            reason = self.failure_reason(job, job.max_stalled or self.max_stalled, epochs, at)
             self._side_effects(job, claim.queue, reason, bool(has_dependents), batch)
             ready.append((claim, job, reason))
         self._enqueue_ready(batch)
@@ -134,7 +165,7 @@ class DeadLetters:
         if not raw:
             return None
         job = self.job_class(job_id, connection=self.connection)
-        # Resolved once by the sweeper: RQ's Job resolves a serializer it is given again, with
+        # Resolved once, in __init__: RQ's Job resolves a serializer it is given again, with
         # a runtime protocol check that costs more than the rest of the job object.
         job.serializer = self.serializer
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from ..protocol.report import LeaseVerdict, SweepReport
 from ..protocol.server import read_epoch
 from ..protocol.verdicts import Verdict
 from ..settings import EpochSettings
-from .deadletters import DeadLetters
+from .deadletters import CLAIM_TTL, DeadLetters
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -33,17 +34,28 @@ logger = logging.getLogger('rq_epoch')
 
 #: The line :meth:`Sweeper.log_verdict` logs for each verdict.
 _LOG_VERDICT_MSG = 'sweep: job %s queue %s verdict %s stalled %d/%d lease_epoch %s run_id %s'
+#: Override points of the dead letters that were the sweeper's before 0.3 (see ``Sweeper.__init_subclass__``).
+_MOVED_HOOKS = ('failure_reason', 'log_dead_letter')
 
 
-class Sweeper(DeadLetters):
+class Sweeper:
     """Runs the epoch-aware sweep over queues and finishes the jobs it dead-letters.
 
     Safe to run from any number of processes at once: each expired lease is judged by
     exactly one sweep script call, and each dead letter's side effects are claimed.
 
-    Subclassing points: :meth:`failure_reason` (the text of a dead letter's failure),
-    :meth:`log_verdict`, :meth:`log_dead_letter`, and :meth:`before_finish` (called after a script returned, before
-    the side effects of its dead letters run; the tests use it to kill a sweeper there).
+    The jobs a sweep dead-letters are finished by :attr:`dead_letters`, a
+    :class:`~rq_epoch.sweep.deadletters.DeadLetters` made in ``__init__`` from
+    :attr:`dead_letters_class` with the sweeper's connection, job and queue classes,
+    serializer, stall budget, claim TTL, death penalty and exception handlers.
+
+    Subclassing points: :meth:`log_verdict`, :meth:`before_finish` (called after a script
+    returned, before the side effects of its dead letters run; the tests use it to kill a
+    sweeper there), and the classes it uses: :attr:`job_class`, :attr:`queue_class`,
+    :attr:`death_penalty_class` and :attr:`dead_letters_class` (whose
+    :meth:`~rq_epoch.sweep.deadletters.DeadLetters.failure_reason` and
+    :meth:`~rq_epoch.sweep.deadletters.DeadLetters.log_dead_letter` say what a dead letter's
+    failure reads and how it is logged).
 
     ``job_class`` (the argument, else the class attribute) may be any class derived from
     RQ's Job; the sweep uses its epoch variant, and refuses any other class as the worker
@@ -51,8 +63,12 @@ class Sweeper(DeadLetters):
     """
 
     job_class: type[Job] = Job
+    #: The class of the queues a dead letter's dependents are enqueued with.
     queue_class: type[Queue] = Queue
+    #: What bounds a dead letter's ``on_failure`` callback (the argument overrides it).
     death_penalty_class: type[BaseDeathPenalty] = UnixSignalDeathPenalty
+    #: What finishes the jobs a sweep dead-letters (one per sweeper, :attr:`dead_letters`).
+    dead_letters_class: type[DeadLetters] = DeadLetters
     #: Seconds to wait for a replica to acknowledge counted verdicts (``WAIT``).
     confirm_timeout: float = 1.0
 
@@ -67,7 +83,7 @@ class Sweeper(DeadLetters):
         batch_size: int | None = None,
         restart_grace: int | None = None,
         failure_ttl: int = DEFAULT_FAILURE_TTL,
-        claim_ttl: int = 300,
+        claim_ttl: int = CLAIM_TTL,
         rescue_intermediate: bool = True,
         exception_handlers: Sequence[Callable[..., Any]] | None = None,
         death_penalty_class: type[BaseDeathPenalty] | None = None,
@@ -86,12 +102,49 @@ class Sweeper(DeadLetters):
         self.job_class = resolve_job_class(type(self), job_class)
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
-        self.claim_ttl = claim_ttl
         #: Requeue jobs stranded in RQ's intermediate queue after one lease length.
         self.rescue_intermediate = rescue_intermediate
-        self.exception_handlers = list(exception_handlers or [])
-        if death_penalty_class is not None:
-            self.death_penalty_class = death_penalty_class
+        #: Finishes the jobs this sweeper dead-letters (see :class:`~rq_epoch.sweep.deadletters.DeadLetters`).
+        self.dead_letters = self.dead_letters_class(
+            connection,
+            max_stalled=self.settings.max_stalled,
+            job_class=self.job_class,
+            queue_class=self.queue_class,
+            serializer=self.serializer,
+            claim_ttl=claim_ttl,
+            death_penalty_class=death_penalty_class or self.death_penalty_class,
+            exception_handlers=exception_handlers or (),
+        )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Warn about a subclass that overrides ``failure_reason`` or ``log_dead_letter``: before
+        0.3 the sweep called the sweeper's; it calls those of its :attr:`dead_letters` now."""
+        super().__init_subclass__(**kwargs)
+        for name in _MOVED_HOOKS:
+            if getattr(cls, name) is not getattr(Sweeper, name):
+                warnings.warn(
+                    f'{cls.__qualname__}.{name} is not called by the sweep: override {name} on a subclass '
+                    f'of rq_epoch.DeadLetters and name it in {cls.__qualname__}.dead_letters_class',
+                    stacklevel=2,
+                )
+
+    # -- dead letters (the work of :attr:`dead_letters`) ------------------------------
+
+    def finish_dead_letters(self, report: SweepReport | None = None, limit: int = 1000) -> list[str]:
+        """Run the side effects of dead letters nobody has finished (claimed, bounded); returns the job ids finished.
+
+        What :meth:`sweep` does after its verdicts; any sweeper's dead letters, including those
+        a sweeper that died left: :meth:`DeadLetters.finish <rq_epoch.sweep.deadletters.DeadLetters.finish>`.
+        """
+        return self.dead_letters.finish(report, limit)
+
+    def failure_reason(self, job: Job, max_stalled: int, epochs: Any = None, at: str | None = None) -> str:
+        """The text of a dead letter's failure: that of :attr:`dead_letters` (override it there)."""
+        return self.dead_letters.failure_reason(job, max_stalled, epochs, at)
+
+    def log_dead_letter(self, job: Job, queue_name: str, reason: str) -> None:
+        """Log a dead letter as :attr:`dead_letters` does (override it there)."""
+        self.dead_letters.log_dead_letter(job, queue_name, reason)
 
     # -- the sweep -------------------------------------------------------------------
 
