@@ -16,6 +16,7 @@ from rq.job import Job as RQJob
 from rq.worker import Worker as RQWorker
 
 from .. import compat
+from ..adapters import redis_py
 from ..errors import CONNECTION_ERRORS, OutcomeRefused
 from ..jobs.job import EpochJobMixin
 from ..jobs.jobclass import adopt
@@ -55,7 +56,7 @@ class FencedOutcomes(RQWorker):
         if execution is None:
             # RQ's loop is building the same transaction again after a WatchError; RQ 2 let
             # go of the execution the first time round. The pipeline remembers it.
-            execution = pipeline.__dict__.get('_rq_epoch_execution')
+            execution = redis_py.noted(pipeline, 'execution')
             if execution is not None and execution.job_id == job.id:
                 if compat.CLEANUP_TAKES_EXECUTION:
                     kwargs['execution'] = execution
@@ -63,7 +64,7 @@ class FencedOutcomes(RQWorker):
                     self.execution = execution
         super().cleanup_execution(job, pipeline, *args, **kwargs)
         if execution is not None and execution.job_id == job.id:
-            pipeline.__dict__['_rq_epoch_execution'] = execution
+            redis_py.note(pipeline, 'execution', execution)
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
     def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:

@@ -25,6 +25,7 @@ from rq.utils import now
 from rq.worker_registration import clean_worker_registry
 
 from .. import compat
+from ..adapters import rq as rq_adapter
 from ..errors import RqEpochError
 from ..jobs.job import Job
 from ..jobs.jobclass import resolve_job_class
@@ -310,7 +311,7 @@ class Worker(Heartbeats):
 
     def teardown(self) -> None:
         """RQ's teardown; first the watch of the queues is handed on to another idle worker."""
-        if not self._is_horse and self._taker is not None:
+        if not self.is_horse and self._taker is not None:
             self._taker.close()
         super().teardown()
 
@@ -358,9 +359,9 @@ class Worker(Heartbeats):
         connection error (the caller rides it out).
         """
         scheduler = self.scheduler
-        if scheduler is None or self._is_horse or self._stop_requested:
+        if scheduler is None or self.is_horse or rq_adapter.stop_requested(self):
             return
-        process = scheduler._process
+        process = rq_adapter.scheduler_process(scheduler)
         if process is None or process.is_alive() or threading.current_thread() is not threading.main_thread():
             return
         if not force and time.monotonic() - self._scheduler_tried_at < self.epoch_settings.sweep_interval:
@@ -518,7 +519,7 @@ class Worker(Heartbeats):
                 settings=self.epoch_settings,
                 job_class=self.job_class,
                 serializer=self.serializer,
-                exception_handlers=self._exc_handlers,
+                exception_handlers=rq_adapter.exception_handlers(self),
                 death_penalty_class=self.death_penalty_class,
             )
             report = sweeper.sweep(tickets.granted)
