@@ -117,20 +117,22 @@ class _FencedExecute(redis_py.ExecuteHandler):
         transaction = self.transaction
         if armed is None:
             return transaction.execute(raise_on_error)
+        commands = transaction.commands
         if transaction.has_scripts or any(
-            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in transaction.commands
+            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in commands
         ):
-            return _commit_watched(transaction, armed, raise_on_error)
-        return _commit_scripted(transaction, armed, raise_on_error)
+            return _commit_watched(transaction, commands, armed, raise_on_error)
+        return _commit_scripted(transaction, commands, armed, raise_on_error)
 
 
 def _name(args: tuple[Any, ...]) -> str:
     return text(args[0]).upper() if args else ''
 
 
-def _commit_scripted(transaction: redis_py.QueuedTransaction, fence: Fence, raise_on_error: bool) -> list[Any]:
-    """Send the queued commands as arguments of the commit script (one round trip)."""
-    commands = transaction.commands
+def _commit_scripted(
+    transaction: redis_py.QueuedTransaction, commands: list[redis_py.QueuedCommand], fence: Fence, raise_on_error: bool
+) -> list[Any]:
+    """Send the queued ``commands`` as arguments of the commit script (one round trip)."""
     argv: list[Any] = fence.script_args('1', len(commands))
     for args, _options in commands:
         argv.append(len(args))
@@ -191,14 +193,16 @@ def _replies(
     return data
 
 
-def _commit_watched(transaction: redis_py.QueuedTransaction, fence: Fence, raise_on_error: bool) -> list[Any]:
-    """Fence a transaction that carries a script call: WATCH the job hash, check, commit.
+def _commit_watched(
+    transaction: redis_py.QueuedTransaction, commands: list[redis_py.QueuedCommand], fence: Fence, raise_on_error: bool
+) -> list[Any]:
+    """Fence a transaction (its queued ``commands``) that carries a script call: WATCH the job
+    hash, check, commit.
 
     For an execution that holds no lease, the record that it committed is written by the
     same transaction, so it exists exactly when the outcome landed.
     """
     rq_watching = transaction.watching
-    commands = transaction.commands
     loaded = transaction.scripts
     script = scripts.commit()
     for _ in range(20):
