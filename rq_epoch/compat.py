@@ -2,7 +2,9 @@
 
 The rest of the package imports what differs from here instead of testing versions itself.
 Where a version has a public function for what rq-epoch needs, it is used; the fallbacks
-say which RQ 2 method they stand for.
+say which RQ 2 method they stand for. A difference whose one side is a private part of RQ
+is in :mod:`rq_epoch.adapters.rq` with RQ's other internals (the failure recorded without a
+worker: :func:`rq_epoch.adapters.rq.record_job_failure`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from rq.registry import BaseRegistry, DeferredJobRegistry, FailedJobRegistry, Fi
 from rq.worker import Worker as RQWorker
 
 if TYPE_CHECKING:
-    from redis.client import Pipeline
     from rq.job import Job
     from rq.queue import Queue
     from rq.timeouts import BaseDeathPenalty
@@ -30,7 +31,6 @@ __all__ = [
     'RateLimitRegistry',
     'execute_failure_callback',
     'move_dependents_to_ready',
-    'record_job_failure',
     'release_rate_limit_slot',
     'optional_text',
     'text',
@@ -63,14 +63,12 @@ READY_TO_ENQUEUE: str | None = getattr(JobStatus, 'READY_TO_ENQUEUE', None)
 # RQ 3's worker-less failure functions, resolved once (None on RQ 2): a failed import would
 # search the whole path again at every dead letter.
 _rq3_failure_callback: Any
-_rq3_record_job_failure: Any
 _rq3_release_slot: Any
 try:
     from rq.callbacks import execute_failure_callback as _rq3_failure_callback  # type: ignore[no-redef]
-    from rq.job_lifecycle import record_job_failure as _rq3_record_job_failure  # type: ignore[no-redef]
     from rq.rate_limit import release_slot as _rq3_release_slot  # type: ignore[no-redef]
 except ImportError:  # RQ 2.x
-    _rq3_failure_callback = _rq3_record_job_failure = _rq3_release_slot = None
+    _rq3_failure_callback = _rq3_release_slot = None
 
 #: RQ's own ``Queue.enqueue_dependents`` (a queue class that overrides it is called as it is).
 _STOCK_ENQUEUE_DEPENDENTS = RQQueue.enqueue_dependents
@@ -104,18 +102,6 @@ def execute_failure_callback(job: Job, death_penalty_class: type[BaseDeathPenalt
         job.execute_failure_callback(death_penalty_class, *exc_info)  # type: ignore[attr-defined]
     else:
         _rq3_failure_callback(job, death_penalty_class, *exc_info)
-
-
-def record_job_failure(job: Job, exc_string: str, pipeline: Pipeline) -> None:
-    """Queue RQ's worker-less failure: status FAILED, FailedJobRegistry entry, failure Result.
-
-    RQ 3's public ``rq.job_lifecycle.record_job_failure``; on RQ 2 the same two steps it takes.
-    """
-    if _rq3_record_job_failure is None:  # RQ 2.x
-        job.set_status(JobStatus.FAILED, pipeline=pipeline)
-        job._handle_failure(exc_string, pipeline)
-    else:
-        _rq3_record_job_failure(job, exc_string, pipeline)
 
 
 def move_dependents_to_ready(queue: Queue, job: Job) -> dict[str, list[str]]:

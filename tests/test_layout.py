@@ -5,6 +5,8 @@ inside functions; those under ``if TYPE_CHECKING:`` do not (they never run). The
 the bottom (docs/development.md has the map):
 
     shared   rq_epoch.errors, rq_epoch.compat, rq_epoch.settings
+    adapters rq_epoch.adapters: every contact with RQ's and redis-py's internals (they import
+             nothing of the package but the shared modules, and of other packages only rq and redis)
     protocol rq_epoch.protocol: the epoch rule, the keys, the scripts and their typed replies
     jobs     rq_epoch.jobs: RQ's job, registry and queue with the epoch behaviour
     sweep    rq_epoch.sweep: the sweeper, dead letters, dependents
@@ -33,7 +35,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / 'rq_epoch'
 
-LAYERS = {'shared': 0, 'protocol': 1, 'jobs': 2, 'sweep': 3, 'worker': 4, 'ops': 5, 'api': 6, 'apart': 7, 'moved': 8}
+LAYERS = {
+    'shared': 0,
+    'adapters': 1,
+    'protocol': 2,
+    'jobs': 3,
+    'sweep': 4,
+    'worker': 5,
+    'ops': 6,
+    'api': 7,
+    'apart': 8,
+    'moved': 9,
+}
 SHARED = {'rq_epoch.errors', 'rq_epoch.compat', 'rq_epoch.settings'}
 APART = {'rq_epoch.demo', 'rq_epoch.embedded', 'rq_epoch.pids'}
 
@@ -228,6 +241,19 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 def test_imports_inside_functions_are_the_deliberate_ones() -> None:
     inside = {(edge.source, edge.target) for edge in imports(PACKAGE) if edge.inside_function}
     assert inside == ALLOWED_INSIDE_FUNCTIONS
+
+
+def test_adapters_import_only_the_libraries_they_adapt_and_the_shared_modules() -> None:
+    inside = [edge for edge in imports(PACKAGE) if layer(edge.source) == 'adapters']
+    assert {layer(edge.target) for edge in inside} <= {'shared', 'adapters'}
+    for path in (PACKAGE / 'adapters').glob('*.py'):
+        for node, _inside in _statements(ast.parse(path.read_text(encoding='utf-8')).body):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or '']
+            for name in names:
+                top = name.split('.')[0]
+                assert top in {'rq', 'redis', '__future__'} or top in sys.stdlib_module_names, (path.name, name)
 
 
 def test_every_layer_is_a_package() -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rq.job import Job as RQJob
 from rq.registry import StartedJobRegistry as RQStartedJobRegistry
 
+from ..adapters import rq as rq_adapter
 from ..compat import optional_text
 from ..errors import CONNECTION_ERRORS, ConfigurationError
 from ..protocol import keys, scripts
@@ -110,6 +110,7 @@ class EpochJobMixin(_MixinBase):
     #: True once the fence refused this process's outcome of the job.
     outcome_refused: bool = False
     _heartbeat_registry: StartedJobRegistry | None = None
+    _callback_decisions: dict[tuple[str, str], bool] | None = None
     #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
     #: server outage in RQ's step before the job function. None: RQ's behaviour.
     ride_out: Callable[[Callable[[], Any]], Any] | None = None
@@ -123,7 +124,7 @@ class EpochJobMixin(_MixinBase):
         self._max_stalled = None
         self.fence = None
         self.outcome_refused = False
-        self._callback_decisions: dict[tuple[str, str], bool] = {}
+        self._callback_decisions = {}
         super().__init__(*args, **kwargs)
 
     @property
@@ -183,7 +184,7 @@ class EpochJobMixin(_MixinBase):
             return super().perform()
         except CONNECTION_ERRORS as exc:
             # RQ's step: raised in RQ's perform, before it called the function (its _execute).
-            if not _raised_in(exc, _RQ_PERFORM) or _raised_in(exc, _RQ_EXECUTE):
+            if not rq_adapter.raised_before_job_function(exc):
                 raise _JobsOwnError(exc) from exc  # not retried: the job's, as in RQ
             raise
 
@@ -197,7 +198,9 @@ class EpochJobMixin(_MixinBase):
         """
         if callback is None or self.fence is None:
             return True
-        decisions = self.__dict__.setdefault('_callback_decisions', {})  # a job adopted in place has none yet
+        decisions = self._callback_decisions
+        if decisions is None:  # a job adopted in place: its __init__ did not run
+            decisions = self._callback_decisions = {}
         decided = decisions.get((name, self.fence.execution_id))
         if decided is not None:
             return decided
@@ -270,22 +273,6 @@ class EpochJobMixin(_MixinBase):
 
     def __hash__(self) -> int:
         return hash(self.id)
-
-
-#: RQ's own ``Job.perform``, and its ``_execute``, which calls the job function: a connection
-#: error raised in the first and not in the second is RQ's step before the function.
-_RQ_PERFORM = RQJob.perform.__code__
-_RQ_EXECUTE = RQJob._execute.__code__
-
-
-def _raised_in(error: BaseException, code: CodeType) -> bool:
-    """Whether ``error`` was raised inside a call of the function whose code is ``code``."""
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is code:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 class _JobsOwnError(Exception):

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from rq.job import Job as RQJob
 from rq.utils import import_attribute
 
+from ..adapters import rq as rq_adapter
 from ..errors import ConfigurationError
 from .job import EpochJobMixin, Job
 
@@ -138,5 +139,5 @@ def adopt(job: T) -> T:
     """
     cls = type(job)
     if not issubclass(cls, EpochJobMixin):
-        job.__class__ = epoch_job_class(cls)  # type: ignore[assignment]
+        rq_adapter.change_job_class(job, epoch_job_class(cls))
     return job

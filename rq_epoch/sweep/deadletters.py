@@ -21,6 +21,7 @@ from rq.timeouts import BaseDeathPenalty, UnixSignalDeathPenalty
 from rq.utils import now
 
 from .. import compat
+from ..adapters import rq as rq_adapter
 from ..compat import text
 from ..errors import StalledJobError
 from ..jobs.job import Job, _field
@@ -279,7 +280,7 @@ class DeadLetters:
     def _queue_failure(pipeline: Any, job: Job, reason: str) -> None:
         """Queue RQ's failure bookkeeping (status, job hash, registry, Result); the caller drops the finishing entry."""
         job.ended_at = now()  # written by RQ's job.save() in the bookkeeping, with the status
-        compat.record_job_failure(job, reason, pipeline)
+        rq_adapter.record_job_failure(job, reason, pipeline)
 
     def _record_failure(self, job: Job, member: str, reason: str) -> bool:
         """One job's failure bookkeeping, if its finishing entry is still there (a few tries)."""

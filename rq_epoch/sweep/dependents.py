@@ -35,6 +35,7 @@ from rq.queue import Queue as RQQueue
 from rq.registry import DeferredJobRegistry
 
 from .. import compat
+from ..adapters import rq as rq_adapter
 from ..compat import text
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ class BatchDependents:
                 return {}
             dependents = {job.id: job for job in self._fetch(wanted) if job is not None}
             key_for = self.queue.job_class.key_for
-            watched = {key_for(d) for job in dependents.values() for d in job._dependency_ids}
+            watched = {key_for(d) for job in dependents.values() for d in rq_adapter.dependency_ids(job)}
             if watched:
                 pipe.watch(*watched)
             found = self._read(('smembers', (job.dependencies_key,)) for job in dependents.values())
@@ -219,7 +220,7 @@ class BatchDependents:
         )
         for job in jobs:
             deferred.remove(job, pipeline=pipe)
-            target._enqueue_job(job, pipeline=pipe, at_front=job.enqueue_at_front or False)
+            rq_adapter.push_job(target, job, pipe, at_front=job.enqueue_at_front or False)
 
     def _enqueue_batch(self, target: Queue, registry: Any, ids: list[str]) -> None:
         """``ReadyJobRegistry.enqueue_jobs(ids)`` in one transaction; raises WatchError if a
@@ -245,9 +246,9 @@ class BatchDependents:
                     if text(status) != compat.READY_TO_ENQUEUE:
                         continue
                     if job.has_rate_limit:  # type: ignore[attr-defined]
-                        target._enqueue_rate_limited_job(job, pipeline=pipe)  # type: ignore[attr-defined]
+                        rq_adapter.push_rate_limited_job(target, job, pipe)
                     else:
-                        target._enqueue_job(job, pipeline=pipe, at_front=job.should_enqueue_at_front())  # type: ignore[attr-defined]
+                        rq_adapter.push_job(target, job, pipe, at_front=job.should_enqueue_at_front())  # type: ignore[attr-defined]
             pipe.execute()
 
 

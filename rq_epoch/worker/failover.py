@@ -33,7 +33,6 @@ before it records the job's outcome (:meth:`PrimaryWatch.refresh`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import re
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
+from ..adapters import redis_py
 from ..errors import ServerOutageError
 
 if TYPE_CHECKING:
@@ -124,7 +124,8 @@ def _command_name(args: tuple[Any, ...]) -> str:
 
 
 class _WatchedConnection:
-    """Mixed into the pool's connection class by :meth:`PrimaryWatch.install`."""
+    """Mixed into the pool's connection class by :meth:`PrimaryWatch.install` (through
+    :func:`rq_epoch.adapters.redis_py.hook_connections`)."""
 
     _rq_epoch_watch: PrimaryWatch
     _rq_epoch_blocking = False
@@ -136,7 +137,7 @@ class _WatchedConnection:
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         watch = self._rq_epoch_watch
         blocking, self._rq_epoch_blocking = self._rq_epoch_blocking, False
-        sock: Any = None
+        sock: socket.socket | None = None
         if (
             not blocking
             and watch.command_timeout is not None
@@ -148,7 +149,7 @@ class _WatchedConnection:
             else:
                 # A redis-py without a per-read timeout reads with the socket's own timeout:
                 # bound this read on the socket itself, and give it back its own afterwards.
-                sock = getattr(self, '_sock', None)
+                sock = redis_py.socket_of(self)
                 if sock is not None:
                     sock.settimeout(watch.command_timeout)
         try:
@@ -171,9 +172,8 @@ class _WatchedConnection:
             self.disconnect()  # type: ignore[attr-defined]
             raise
         finally:
-            current = getattr(self, '_sock', None)
-            if sock is not None and current is not None and current is sock:
-                current.settimeout(getattr(self, 'socket_timeout', None))
+            if sock is not None and sock is redis_py.socket_of(self):
+                sock.settimeout(getattr(self, 'socket_timeout', None))
 
 
 class PrimaryWatch:
@@ -234,22 +234,9 @@ class PrimaryWatch:
         self._installed = True
         self.run_id = run_id
         pool = self.pool
-        base = pool.connection_class
-        if not issubclass(base, _WatchedConnection):
-            pool.connection_class = self._watched_class(base)
-        original = pool.get_connection
-
-        def get_connection(*args: Any, **kwargs: Any) -> Any:
-            self.check()
-            connection = original(*args, **kwargs)
-            if not isinstance(connection, _WatchedConnection):
-                try:  # a connection opened before the watch: give it the same behaviour
-                    connection.__class__ = self._watched_class(type(connection))
-                except TypeError:
-                    pass
-            return connection
-
-        pool.get_connection = get_connection
+        # Every connection of the pool, those opened before the watch included, gets the
+        # watch's behaviour; the sentinels are asked (when due) before one is handed out.
+        redis_py.hook_connections(pool, _WatchedConnection, self._watched_class, self.check)
         if self.sentinel_managed:
             for client in getattr(pool.sentinel_manager, 'sentinels', []):
                 kwargs = client.connection_pool.connection_kwargs
@@ -269,11 +256,8 @@ class PrimaryWatch:
         if cls is None:
             cls = type(f'Watched{base.__name__}', (_WatchedConnection, base), {'_rq_epoch_watch': self})
             self._classes[base] = cls
-            try:  # redis-py before 5.0.2 has no per-read timeout (read_response bounds the socket then)
-                parameters = inspect.signature(base.read_response).parameters  # type: ignore[attr-defined]
-                self.read_timeout_supported = 'timeout' in parameters
-            except (TypeError, ValueError, AttributeError):
-                self.read_timeout_supported = False
+            # redis-py before 5.0.2 has no per-read timeout (read_response bounds the socket then)
+            self.read_timeout_supported = redis_py.reads_take_timeout(base)
         return cls
 
     # -- checking --------------------------------------------------------------------
@@ -356,8 +340,8 @@ class PrimaryWatch:
             self._lock.release()
 
     def _shut_down_in_use(self) -> None:
-        for connection in list(getattr(self.pool, '_in_use_connections', ())):
-            sock = getattr(connection, '_sock', None)
+        for connection in redis_py.connections_in_use(self.pool):
+            sock = redis_py.socket_of(connection)
             if sock is None:
                 continue
             try:

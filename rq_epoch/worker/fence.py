@@ -13,7 +13,9 @@ are not sent as they are: they travel as arguments of the ``commit`` script, whi
 them only if the job's lease member still exists and the job's ``lease_execution`` is this
 execution. The check and the write are one atomic step in the server, in the same single
 round trip as RQ's own commit; a WATCH that RQ set (on the job's dependents) still guards
-the transaction around it.
+the transaction around it. The fence takes the place of that one pipeline's ``execute()``,
+and reads and rewrites its queued commands, through
+:mod:`rq_epoch.adapters.redis_py` (redis-py has no public hook for either).
 
 An outcome is refused only on evidence that someone else took over: a sweep's record of
 taking the lease, or a newer lease holder. An execution that was never granted a lease
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
+from ..adapters import redis_py
 from ..compat import text
 from ..errors import OutcomeRefused, ServerOutageError
 from ..protocol import keys, scripts, verbs
@@ -101,48 +104,50 @@ def arm(pipeline: Pipeline, fence: Fence) -> None:
     Later ``execute()`` calls on the same pipeline (RQ 2 sends a second, bookkeeping-only
     transaction in its failure path) go out unfenced, unless the pipeline is armed again.
     """
-    state: dict[str, Any] = pipeline.__dict__
-    state['_rq_epoch_fence'] = fence
-    if '_rq_epoch_execute' in state:
-        return
-    original = pipeline.execute
-    state['_rq_epoch_execute'] = original
+    redis_py.intercept_execute(pipeline, _FencedExecute).fence = fence
 
-    def execute(raise_on_error: bool = True) -> list[Any]:
-        armed = state.pop('_rq_epoch_fence', None)
+
+class _FencedExecute(redis_py.ExecuteHandler):
+    """Stands for ``execute()`` of an outcome's pipeline: the next call after :func:`arm` is a fenced commit."""
+
+    fence: Fence | None = None
+
+    def __call__(self, raise_on_error: bool = True) -> list[Any]:
+        armed, self.fence = self.fence, None
+        transaction = self.transaction
         if armed is None:
-            return original(raise_on_error)
-        if pipeline.scripts or any(
-            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in pipeline.command_stack
+            return transaction.execute(raise_on_error)
+        commands = transaction.commands
+        if transaction.has_scripts or any(
+            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in commands
         ):
-            return _commit_watched(pipeline, original, armed, raise_on_error)
-        return _commit_scripted(pipeline, original, armed, raise_on_error)
-
-    pipeline.execute = execute  # type: ignore[method-assign]
+            return _commit_watched(transaction, commands, armed, raise_on_error)
+        return _commit_scripted(transaction, commands, armed, raise_on_error)
 
 
 def _name(args: tuple[Any, ...]) -> str:
     return text(args[0]).upper() if args else ''
 
 
-def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:
-    """Send the queued commands as arguments of the commit script (one round trip)."""
-    commands = list(pipeline.command_stack)
+def _commit_scripted(
+    transaction: redis_py.QueuedTransaction, commands: list[redis_py.QueuedCommand], fence: Fence, raise_on_error: bool
+) -> list[Any]:
+    """Send the queued ``commands`` as arguments of the commit script (one round trip)."""
     argv: list[Any] = fence.script_args('1', len(commands))
     for args, _options in commands:
         argv.append(len(args))
         argv.extend(args)
     script = scripts.commit()
     call = ('EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *argv)
-    watching = pipeline.watching
+    watching = transaction.watching
     for _ in range(2):
-        pipeline.command_stack[:] = [(call, {})]
-        reply = original(False)[0]
+        transaction.replace_commands([(call, {})])
+        reply = transaction.execute(False)[0]
         if not isinstance(reply, NoScriptError):
             break
         # The server restarted since the script was loaded: nothing ran. Load it, and
         # start again (RQ's loop rebuilds a watched transaction on WatchError).
-        _load(pipeline, script)
+        _load(transaction, script)
         if watching:
             raise WatchError('the commit script had to be loaded; the transaction is rebuilt')
     if isinstance(reply, Exception):
@@ -156,7 +161,7 @@ def _commit_scripted(pipeline: Pipeline, original: Any, fence: Fence, raise_on_e
         # of the script alike: nothing landed, and the whole commit can be sent again.
         if isinstance(command_reply, Exception):
             _raise_outage(command_reply)
-    return _replies(pipeline, commands, list(commit.replies), raise_on_error)
+    return _replies(transaction, commands, list(commit.replies), raise_on_error)
 
 
 def _raise_outage(error: BaseException) -> None:
@@ -166,55 +171,60 @@ def _raise_outage(error: BaseException) -> None:
         raise ServerOutageError(str(error)) from error
 
 
-def _load(pipeline: Pipeline, script: scripts.ServerScript) -> None:
-    pipeline.immediate_execute_command('SCRIPT LOAD', script.source)
+def _load(transaction: redis_py.QueuedTransaction, script: scripts.ServerScript) -> None:
+    transaction.send_now('SCRIPT LOAD', script.source)
 
 
-def _replies(pipeline: Pipeline, commands: list[Any], replies: list[Any], raise_on_error: bool) -> list[Any]:
+def _replies(
+    transaction: redis_py.QueuedTransaction,
+    commands: list[redis_py.QueuedCommand],
+    replies: list[Any],
+    raise_on_error: bool,
+) -> list[Any]:
     """Each command's reply through redis-py's response callback, as ``execute()`` gives them."""
     data = []
-    for (args, options), reply in zip(commands, replies, strict=True):
+    for command, reply in zip(commands, replies, strict=True):
         if isinstance(reply, Exception):
             if raise_on_error:
                 raise reply
+            data.append(reply)
         else:
-            callback = pipeline.response_callbacks.get(args[0])
-            if callback is not None:
-                options = {k: v for k, v in options.items() if k != 'keys'}
-                reply = callback(reply, **options)
-        data.append(reply)
+            data.append(transaction.parse_reply(command, reply))
     return data
 
 
-def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_error: bool) -> list[Any]:
-    """Fence a transaction that carries a script call: WATCH the job hash, check, commit.
+def _commit_watched(
+    transaction: redis_py.QueuedTransaction, commands: list[redis_py.QueuedCommand], fence: Fence, raise_on_error: bool
+) -> list[Any]:
+    """Fence a transaction (its queued ``commands``) that carries a script call: WATCH the job
+    hash, check, commit.
 
     For an execution that holds no lease, the record that it committed is written by the
     same transaction, so it exists exactly when the outcome landed.
     """
-    rq_watching = pipeline.watching
-    commands = list(pipeline.command_stack)
-    loaded = set(pipeline.scripts)
+    rq_watching = transaction.watching
+    loaded = transaction.scripts
     script = scripts.commit()
     for _ in range(20):
-        pipeline.immediate_execute_command('WATCH', keys.job_key(fence.job_id), keys.committed_key(fence.composite_key))
+        transaction.send_now('WATCH', keys.job_key(fence.job_id), keys.committed_key(fence.composite_key))
         try:
             reply = verbs.CommitReply.read(
-                pipeline.immediate_execute_command(
+                transaction.send_now(
                     'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args('1', 0)
                 )
             )
         except NoScriptError:
-            _load(pipeline, script)
+            _load(transaction, script)
             continue
         if not reply.lands:
             raise fence.refusal(reply)
         unleased = not reply.leased
         if unleased:
-            record = ('SET', keys.committed_key(fence.composite_key), '1', 'EX', keys.COMMITTED_RECORD_TTL)
-            pipeline.command_stack.append((record, {}))
+            transaction.add_command(
+                'SET', keys.committed_key(fence.composite_key), '1', 'EX', keys.COMMITTED_RECORD_TTL
+            )
         try:
-            replies = list(original(raise_on_error))
+            replies = list(transaction.execute(raise_on_error))
             return replies[:-1] if unleased else replies
         except WatchError as exc:
             # redis-py reports a connection error under WATCH as a WatchError; an outage
@@ -224,8 +234,8 @@ def _commit_watched(pipeline: Pipeline, original: Any, fence: Fence, raise_on_er
                 _raise_outage(reason)
             if rq_watching:
                 raise
-            pipeline.command_stack[:] = commands
-            pipeline.scripts = set(loaded)
+            transaction.replace_commands(commands)
+            transaction.replace_scripts(loaded)
             continue
         except ResponseError as exc:  # a write refused while queued aborts the transaction
             _raise_outage(exc)

@@ -44,6 +44,8 @@ from rq.worker import HerokuWorker as RQHerokuWorker
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import SpawnWorker as RQSpawnWorker
 
+from ..adapters import redis_py
+from ..adapters import rq as rq_adapter
 from ..errors import CONNECTION_ERRORS, ConfigurationError, RqEpochError
 from ..protocol.server import read_epoch
 from .failover import _WatchedConnection, is_sentinel_managed
@@ -212,7 +214,7 @@ class SpawnWorker(Worker, RQSpawnWorker):
                 'connection': connection_spec(self.connection),
                 'job_class': self.job_class,
                 'queue_class': self.queue_class,
-                'serializer': self._serializer_arg,
+                'serializer': rq_adapter.serializer_argument(self),
                 'job_id': job.id,
                 'queue_name': queue.name,
                 'execution': {
@@ -222,9 +224,9 @@ class SpawnWorker(Worker, RQSpawnWorker):
                     'last_heartbeat': self.execution.last_heartbeat,
                 },
                 'max_backoff': self.outcomes.max_backoff,
+                'exception_handlers': rq_adapter.exception_handlers(self),
                 'attributes': {
                     'death_penalty_class': self.death_penalty_class,
-                    '_exc_handlers': self._exc_handlers,
                     'default_result_ttl': self.default_result_ttl,
                     'job_monitoring_interval': self.job_monitoring_interval,
                     'log_job_description': self.log_job_description,
@@ -235,8 +237,9 @@ class SpawnWorker(Worker, RQSpawnWorker):
         )
         argv = [sys.executable, '-c', 'from rq_epoch.worker.flavours import _spawned_horse; _spawned_horse()']
         environ = {**os.environ, 'RQ_EPOCH_SPAWN_PAYLOAD': payload.hex(), 'PYTHONPATH': os.pathsep.join(sys.path)}
-        self._horse_pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
-        self.procline(f'Spawned {self._horse_pid} at {time.time()}')
+        pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
+        rq_adapter.set_horse_pid(self, pid)
+        self.procline(f'Spawned {pid} at {time.time()}')
 
 
 class HerokuWorker(Worker, RQHerokuWorker):
@@ -274,9 +277,7 @@ def connection_spec(connection: Redis) -> dict[str, Any]:
             'sentinel_kwargs': manager.sentinel_kwargs,
         }
     else:
-        spec['connection_class'] = next(
-            cls for cls in pool.connection_class.__mro__ if not issubclass(cls, _WatchedConnection)
-        )
+        spec['connection_class'] = redis_py.unhooked_connection_class(pool, _WatchedConnection)
     return spec
 
 
@@ -356,6 +357,7 @@ def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any, st
         return None
     for name, value in spec['attributes'].items():
         setattr(worker, name, value)
+    rq_adapter.set_exception_handlers(worker, spec['exception_handlers'])
     run_id = read_epoch(connection).run_id
     job = worker.job_class.fetch(spec['job_id'], connection=connection, serializer=worker.serializer)
     queue = worker.queue_class(
@@ -370,6 +372,6 @@ def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any, st
     made = spec['execution']
     execution = Execution(made['id'], job.id, connection=connection, worker_name=made['worker_name'])
     execution.created_at, execution.last_heartbeat = made['created_at'], made['last_heartbeat']
-    execution._job = job  # the job as the worker's job class made it
+    rq_adapter.attach_job(execution, job)  # the job as the worker's job class made it
     worker.execution = execution
     return worker, job, queue, run_id

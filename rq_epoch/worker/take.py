@@ -67,6 +67,7 @@ import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.utils import get_version
 
+from ..adapters import rq as rq_adapter
 from ..errors import RqEpochError
 from ..protocol import keys, verbs
 from ..protocol.verbs import Role
@@ -333,7 +334,8 @@ class Taker:
     # -- RQ's dequeue ----------------------------------------------------------------------
 
     def stand_in(self, queue_class: type[Queue]) -> type[Queue]:
-        """``queue_class`` with :meth:`dequeue_any` in place of RQ's (made once per class)."""
+        """``queue_class`` with :meth:`dequeue_any` in place of RQ's (made once per class;
+        see :func:`rq_epoch.adapters.rq.queue_class_dequeuing_with`)."""
         stand_in = self._stand_ins.get(queue_class)
         if stand_in is None:
             taker = self
@@ -341,17 +343,9 @@ class Taker:
             def dequeue_any(cls: type[Queue], *args: Any, **kwargs: Any) -> tuple[RQJob, Queue] | None:
                 # A plain function: classmethod() of a bound method binds differently by
                 # Python version (3.10 passes no class to it).
-                return taker._dequeue_any_of(cls, *args, **kwargs)
+                return taker._dequeue_any_of(queue_class, *args, **kwargs)
 
-            stand_in = type(
-                queue_class.__name__,
-                (queue_class,),
-                {
-                    '__module__': queue_class.__module__,
-                    '__doc__': queue_class.__doc__,
-                    'dequeue_any': classmethod(dequeue_any),
-                },
-            )
+            stand_in = rq_adapter.queue_class_dequeuing_with(queue_class, dequeue_any)
             self._stand_ins[queue_class] = stand_in
         return stand_in
 
@@ -371,10 +365,9 @@ class Taker:
             # sweep interval when this worker swept the queue last (so that RQ's loop sweeps
             # it on time), else two (another worker sweeps it; if that one died, this one
             # asks for the ticket within two intervals).
-            base: Any = queue_class.__mro__[1]
             wait = self.sweep_interval if self.sweeping else 2 * self.sweep_interval
             self.counters.blocking_moves += 1
-            return base.dequeue_any(
+            return queue_class.dequeue_any(
                 queues,
                 None if timeout is None else max(1, min(timeout, math.ceil(wait))),
                 connection=connection or self.connection,

@@ -34,6 +34,8 @@ from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
 
 from .. import compat
+from ..adapters import redis_py
+from ..adapters import rq as rq_adapter
 from ..errors import CONNECTION_ERRORS, OutcomeRefused, RqEpochError
 from ..jobs.job import EpochJobMixin, Job
 from ..jobs.jobclass import adopt, resolve_job_class
@@ -346,7 +348,7 @@ class Worker(RQWorker):
 
     def teardown(self) -> None:
         """RQ's teardown; first the watch of the queues is handed on to another idle worker."""
-        if not self._is_horse and self._taker is not None:
+        if not self.is_horse and self._taker is not None:
             self._taker.close()
         super().teardown()
 
@@ -394,9 +396,9 @@ class Worker(RQWorker):
         connection error (the caller rides it out).
         """
         scheduler = self.scheduler
-        if scheduler is None or self._is_horse or self._stop_requested:
+        if scheduler is None or self.is_horse or rq_adapter.stop_requested(self):
             return
-        process = scheduler._process
+        process = rq_adapter.scheduler_process(scheduler)
         if process is None or process.is_alive() or threading.current_thread() is not threading.main_thread():
             return
         if not force and time.monotonic() - self._scheduler_tried_at < self.epoch_settings.sweep_interval:
@@ -574,7 +576,7 @@ class Worker(RQWorker):
         if execution is None:
             # RQ's loop is building the same transaction again after a WatchError; RQ 2 let
             # go of the execution the first time round. The pipeline remembers it.
-            execution = pipeline.__dict__.get('_rq_epoch_execution')
+            execution = redis_py.noted(pipeline, 'execution')
             if execution is not None and execution.job_id == job.id:
                 if compat.CLEANUP_TAKES_EXECUTION:
                     kwargs['execution'] = execution
@@ -582,7 +584,7 @@ class Worker(RQWorker):
                     self.execution = execution
         super().cleanup_execution(job, pipeline, *args, **kwargs)
         if execution is not None and execution.job_id == job.id:
-            pipeline.__dict__['_rq_epoch_execution'] = execution
+            redis_py.note(pipeline, 'execution', execution)
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
     def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
@@ -753,7 +755,7 @@ class Worker(RQWorker):
                 settings=self.epoch_settings,
                 job_class=self.job_class,
                 serializer=self.serializer,
-                exception_handlers=self._exc_handlers,
+                exception_handlers=rq_adapter.exception_handlers(self),
                 death_penalty_class=self.death_penalty_class,
             )
             report = sweeper.sweep(tickets.granted)

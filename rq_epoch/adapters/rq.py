@@ -1,0 +1,195 @@
+"""RQ's internals that rq-epoch relies on (see :mod:`rq_epoch.adapters` for the rule).
+
+Each function is one private attribute or method of RQ, or one behaviour RQ does not
+promise, under a name that says what rq-epoch needs from it. Differences between the RQ
+versions that only touch public API are in :mod:`rq_epoch.compat`; one whose side touches
+a private part is here (:func:`record_job_failure`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import CodeType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rq.job import Job as RQJob
+from rq.job import JobStatus
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from redis.client import Pipeline
+    from rq.executions import Execution
+    from rq.queue import Queue
+    from rq.scheduler import RQScheduler
+    from rq.worker import BaseWorker
+
+__all__ = [
+    'attach_job',
+    'change_job_class',
+    'dependency_ids',
+    'exception_handlers',
+    'push_job',
+    'push_rate_limited_job',
+    'queue_class_dequeuing_with',
+    'raised_before_job_function',
+    'record_job_failure',
+    'scheduler_process',
+    'serializer_argument',
+    'set_exception_handlers',
+    'set_horse_pid',
+    'stop_requested',
+]
+
+J = TypeVar('J', bound=RQJob)
+Q = TypeVar('Q', bound='Queue')
+
+# -- jobs -------------------------------------------------------------------------------
+
+#: RQ's own ``Job.perform``, and its ``_execute``, which calls the job function: an error
+#: raised in the first and not in the second is RQ's step before the function.
+_RQ_PERFORM: CodeType = RQJob.perform.__code__
+_RQ_EXECUTE: CodeType = RQJob._execute.__code__
+
+
+def _raised_in(error: BaseException, code: CodeType) -> bool:
+    """Whether ``error`` was raised inside a call of the function whose code is ``code``."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def raised_before_job_function(error: BaseException) -> bool:
+    """Whether RQ's ``Job.perform`` raised ``error`` itself, before it called the job function.
+
+    Read from the traceback: a frame of RQ's ``perform`` and none of ``Job._execute`` (the
+    private method through which ``perform`` calls the function). RQ 2's ``perform``
+    removes the job key's expiry first (a server call that may fail); RQ 3's calls no
+    server before the function.
+    """
+    return _raised_in(error, _RQ_PERFORM) and not _raised_in(error, _RQ_EXECUTE)
+
+
+def change_job_class(job: RQJob, cls: type[J]) -> J:
+    """Make ``job`` an instance of ``cls`` in place (``cls`` derives from the job's class).
+
+    An RQ job keeps its state in its instance dictionary and has no ``__slots__``, so the
+    object keeps every field; what ``cls`` adds must have class-level defaults, since its
+    ``__init__`` does not run.
+    """
+    job.__class__ = cls
+    return job  # type: ignore[return-value]
+
+
+def dependency_ids(job: RQJob) -> list[str]:
+    """The ids of the jobs ``job`` depends on, as it was made or fetched (RQ's ``_dependency_ids``).
+
+    RQ's public ``Job.dependency_ids`` reads them from the server again; this sends nothing.
+    """
+    return list(job._dependency_ids)
+
+
+def push_job(queue: Queue, job: RQJob, pipeline: Pipeline, at_front: bool) -> None:
+    """Queue the writes that put ``job`` onto ``queue`` (status queued, id pushed) on ``pipeline``.
+
+    RQ's ``Queue._enqueue_job``, which its own ``enqueue_dependents`` and
+    ``ReadyJobRegistry.enqueue_jobs`` use; the public ``Queue.enqueue_job`` first checks
+    the job's dependencies again and writes outside the pipeline.
+    """
+    queue._enqueue_job(job, pipeline=pipeline, at_front=at_front)
+
+
+def push_rate_limited_job(queue: Queue, job: RQJob, pipeline: Pipeline) -> None:
+    """:func:`push_job` for a job with a rate limit (RQ 3's ``Queue._enqueue_rate_limited_job``)."""
+    queue._enqueue_rate_limited_job(job, pipeline=pipeline)  # type: ignore[attr-defined]  # absent in RQ 2
+
+
+#: RQ 3's worker-less failure, resolved once (None on RQ 2).
+_rq3_record_job_failure: Any
+try:
+    from rq.job_lifecycle import record_job_failure as _rq3_record_job_failure  # type: ignore[no-redef]
+except ImportError:  # RQ 2.x
+    _rq3_record_job_failure = None
+
+
+def record_job_failure(job: RQJob, exc_string: str, pipeline: Pipeline) -> None:
+    """Queue RQ's worker-less failure on ``pipeline``: status FAILED, FailedJobRegistry entry, failure Result.
+
+    RQ 3's public ``rq.job_lifecycle.record_job_failure``; on RQ 2 the same two steps,
+    the second of which is the private ``Job._handle_failure``.
+    """
+    if _rq3_record_job_failure is None:  # RQ 2.x
+        job.set_status(JobStatus.FAILED, pipeline=pipeline)
+        job._handle_failure(exc_string, pipeline)
+    else:
+        _rq3_record_job_failure(job, exc_string, pipeline)
+
+
+def attach_job(execution: Execution, job: RQJob) -> None:
+    """Make ``execution.job`` return ``job`` (RQ's ``Execution._job``) instead of fetching a plain RQ Job."""
+    execution._job = job
+
+
+# -- queues -----------------------------------------------------------------------------
+
+
+def queue_class_dequeuing_with(queue_class: type[Q], dequeue_any: Callable[..., Any]) -> type[Q]:
+    """A subclass of ``queue_class`` (same name, module and docstring) whose ``dequeue_any`` is ``dequeue_any``.
+
+    RQ's worker loop (``Worker.dequeue_job_and_maintain_ttl``) takes each job with
+    ``self.queue_class.dequeue_any(queues, timeout, connection=, job_class=, serializer=,
+    death_penalty_class=)``: a worker that puts this class in its ``queue_class`` for the
+    loop takes jobs with ``dequeue_any(cls, queues, timeout, **those)``. That the loop
+    goes through this classmethod is not promised by RQ.
+    """
+    return type(
+        queue_class.__name__,
+        (queue_class,),
+        {
+            '__module__': queue_class.__module__,
+            '__doc__': queue_class.__doc__,
+            'dequeue_any': classmethod(dequeue_any),
+        },
+    )
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+def exception_handlers(worker: BaseWorker) -> list[Callable[..., Any]]:
+    """The worker's exception handlers, the list itself (RQ's ``_exc_handlers``; RQ has only push and pop)."""
+    handlers: list[Callable[..., Any]] = worker._exc_handlers
+    return handlers
+
+
+def set_exception_handlers(worker: BaseWorker, handlers: Sequence[Callable[..., Any]]) -> None:
+    """Give ``worker`` these exception handlers in place of its own (a work-horse rebuilt in a new process)."""
+    worker._exc_handlers = list(handlers)
+
+
+def stop_requested(worker: BaseWorker) -> bool:
+    """Whether the worker was told to stop once its current job ends (RQ's ``_stop_requested``)."""
+    return bool(worker._stop_requested)
+
+
+def set_horse_pid(worker: BaseWorker, pid: int) -> None:
+    """Record the pid of a work-horse started by rq-epoch (RQ's ``_horse_pid``, read by ``horse_pid``)."""
+    worker._horse_pid = pid
+
+
+def serializer_argument(worker: BaseWorker) -> str | None:
+    """The worker's serializer as a dotted path another process can resolve (RQ's ``_serializer_arg``).
+
+    What RQ's own SpawnWorker passes to its work-horse; None for RQ's default.
+    """
+    argument: str | None = worker._serializer_arg
+    return argument
+
+
+def scheduler_process(scheduler: RQScheduler) -> BaseProcess | None:
+    """The process RQ's scheduler runs in, once the worker started it (RQ's ``_process``)."""
+    process: BaseProcess | None = scheduler._process
+    return process
