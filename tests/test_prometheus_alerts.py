@@ -77,8 +77,8 @@ def test_prometheus_fires_the_shipped_alerts_for_real_events(
 
         # Two workers SIGKILLed while running jobs: counted stalls, seen through Prometheus.
         held = [work.enqueue('tests.jobs.wait_for_file_then_record', log, t, release, max_stalled=3) for t in 'ab']
-        # STARTED is written with the grant (RQ's transaction, in the work-horse): a worker killed
-        # after the fork but before it would leave no lease, and its job would not count as a stall.
+        # The lease is granted before the fork, the job marked started in the work-horse: a worker
+        # killed in between leaves a job that never ran, which the sweep requeues uncounted.
         wait_for(
             lambda: all(status(job) == JobStatus.STARTED for job in held) and len(working(workers)) == 2,
             60,
