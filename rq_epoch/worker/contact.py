@@ -19,14 +19,6 @@ from ..errors import CONNECTION_ERRORS
 __all__ = ['ServerContact']
 
 
-def _never(run_id: str) -> bool:
-    return False
-
-
-def _nothing() -> None:
-    return None
-
-
 class ServerContact:
     """The epoch a worker last saw and, while it cannot reach the server, since when.
 
@@ -43,9 +35,9 @@ class ServerContact:
         log: logging.Logger | logging.LoggerAdapter[Any],
         name: str,
         run_id: str | None = None,
-        announced: Callable[[str], bool] = _never,
-        on_back: Callable[[], None] = _nothing,
-        on_new_epoch: Callable[[], None] = _nothing,
+        announced: Callable[[str], bool],
+        on_back: Callable[[], None],
+        on_new_epoch: Callable[[], None],
     ) -> None:
         self.log = log
         self.name = name

@@ -32,7 +32,7 @@ class OutcomeWriter:
     The worker hands it RQ's recording of an outcome (a call that builds and commits RQ's
     transaction, armed with the execution's fence by ``Worker.cleanup_execution``); the
     writer calls it again after a connection error, with backoff, until it lands, the fence
-    refuses it, or :attr:`retry_limit` seconds have passed.
+    refuses it, or the worker's time limit has passed.
 
     ``before_write()`` runs before the first attempt (the worker makes sure it talks to the
     current primary).
@@ -44,21 +44,19 @@ class OutcomeWriter:
         *,
         log: logging.Logger | logging.LoggerAdapter[Any],
         name: str,
-        retry_limit: float,
         max_backoff: float,
         before_write: Callable[[], None],
     ) -> None:
         self.connection = connection
         self.log = log
         self.name = name
-        #: Longest wait, in seconds, for the server to return while an outcome is unwritten.
-        self.retry_limit = retry_limit
         #: Longest pause, in seconds, between two attempts.
         self.max_backoff = max_backoff
         self.before_write = before_write
 
-    def write(self, job: RQJob, what: str, write: Callable[[], object]) -> OutcomeRefused | None:
-        """Run ``write`` (RQ's recording of the ``what`` of ``job``), fenced, riding out an outage.
+    def write(self, job: RQJob, what: str, write: Callable[[], object], give_up: float) -> OutcomeRefused | None:
+        """Run ``write`` (RQ's recording of the ``what`` of ``job``), fenced, riding out an outage
+        until the monotonic time ``give_up``.
 
         Returns the fence's refusal, for the worker to report, or None once the outcome
         landed. On a connection error it waits with exponential backoff and tries again; a
@@ -66,10 +64,9 @@ class OutcomeWriter:
         which is logged as landed: an outcome is never written twice.
 
         Raises:
-            redis.exceptions.ConnectionError: the server did not come back within :attr:`retry_limit`.
+            redis.exceptions.ConnectionError: the server did not come back before ``give_up``.
         """
         adopt(job)
-        give_up = time.monotonic() + self.retry_limit
         failures = 0
 
         def unreachable(exc: Exception, attempt: int) -> None:

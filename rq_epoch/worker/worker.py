@@ -197,7 +197,6 @@ class Worker(RQWorker):
             self.connection,
             log=self.log,
             name=self.name,
-            retry_limit=self.outcome_retry_limit,
             max_backoff=float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval))),
             before_write=self._follow_primary,
         )
@@ -616,8 +615,9 @@ class Worker(RQWorker):
 
     def write_outcome(self, job: RQJob, what: str, write: Callable[[], object]) -> None:
         """Run ``write`` (RQ's recording of a job's outcome) through :attr:`outcomes`: fenced,
-        riding out a server outage; a refusal is reported with :meth:`outcome_refused`."""
-        refusal = self.outcomes.write(job, what, write)
+        riding out a server outage for up to :attr:`outcome_retry_limit` seconds; a refusal is
+        reported with :meth:`outcome_refused`."""
+        refusal = self.outcomes.write(job, what, write, time.monotonic() + self.outcome_retry_limit)
         if refusal is not None:
             self.outcome_refused(job, what, refusal)
 
