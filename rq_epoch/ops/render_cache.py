@@ -59,8 +59,7 @@ class _Entry(Generic[T]):
 class RenderCache(Generic[T]):
     """Views kept ``ttl`` seconds, rendered once per key at a time; thread-safe.
 
-    ``ttl`` 0 keeps nothing: every request renders, though requests that arrive while the same
-    view renders still share that render.
+    ``ttl`` 0 is no cache at all: every request renders, each on its own.
     """
 
     def __init__(
@@ -82,6 +81,10 @@ class RenderCache(Generic[T]):
 
         Raises whatever ``render`` raised, to every request that waited for that render.
         """
+        if self.ttl <= 0:
+            with self._lock:
+                self._renders += 1
+            return render()
         with self._lock:
             now = self._clock()
             entry = self._entries.get(key)
@@ -121,7 +124,7 @@ class RenderCache(Generic[T]):
         finally:
             with self._lock:
                 entry.expires = self._clock() + self.ttl
-                if (entry.error is not None or self.ttl <= 0) and self._entries.get(key) is entry:
+                if entry.error is not None and self._entries.get(key) is entry:
                     del self._entries[key]
             entry.done.set()
 
