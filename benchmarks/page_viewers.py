@@ -23,6 +23,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -85,7 +86,7 @@ class Exporter:
         banner = self.proc.stdout.readline().decode().split()  # rq-epoch exporter: serving URL/metrics (...)
         if len(banner) < 4 or not banner[3].startswith('http://127.0.0.1:'):
             self.stop()
-            raise RuntimeError(f'the exporter did not start (see {log})')
+            raise RuntimeError(f'the exporter did not start: {log.read_text(errors="replace")[-2000:]}')
         self.root = banner[3].removesuffix('metrics')
 
     def stop(self) -> None:
@@ -177,10 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     refresh = 1 if args.quick else 2
     seconds = 3.0 if args.quick else 20.0
     queues = 2 if args.quick else 5
-    log = ROOT / 'benchmarks' / 'results' / f'{NAME}-exporter.log'
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_bytes(b'')
-    with server(args.server) as srv:
+    with tempfile.TemporaryDirectory(prefix='rq-epoch-page-') as tmp, server(args.server) as srv:
+        log = Path(tmp) / 'exporter.log'
         conn = srv.client()
         state = build_state(conn, queues)
         exporters = {
