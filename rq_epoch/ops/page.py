@@ -517,6 +517,9 @@ class ExporterApp:
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    #: Connections waiting to be accepted (socketserver's 5 drops the connections of many
+    #: viewers arriving at once, and each one dropped retries a second later).
+    request_queue_size = 128
 
 
 class _ThreadingServer6(_ThreadingServer):
