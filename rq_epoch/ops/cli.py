@@ -422,7 +422,8 @@ def _audience(host: str, port: int, credentials: Credentials | None) -> str:
 @click.option(
     '--page-host',
     default=None,
-    help='Address of the page when it listens apart from /metrics (needs --page-port). [default: 127.0.0.1]',
+    show_default='127.0.0.1',
+    help='Address of the page when it listens apart from /metrics (needs --page-port).',
 )
 @click.option(
     '--page-port',
@@ -442,8 +443,9 @@ def _audience(host: str, port: int, credentials: Credentials | None) -> str:
     '--page-cache',
     type=click.IntRange(0, 3600),
     default=None,
+    show_default='--refresh',
     help='Seconds a rendered view is shown to every viewer before the server is read again '
-    '(0: every load reads the server). [default: --refresh]',
+    '(0: every load reads the server).',
 )
 @bounded_option(
     '--sweeps-stopped-after',
