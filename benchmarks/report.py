@@ -289,6 +289,38 @@ def fleet_section(doc: dict[str, Any]) -> str:
     return out
 
 
+def page_section(doc: dict[str, Any]) -> str:
+    """page_viewers: the server's commands per second for the page's viewers, without and with the cache."""
+    rows = [
+        [
+            r['viewers'],
+            'cache' if r['cache'] else 'no cache',
+            r['pages_per_second'],
+            r['commands_per_second'],
+            r['renders_per_period'],
+            r['page_ms']['p50_ms'],
+            r['page_ms']['p99_ms'],
+            r['ok'],
+        ]
+        for r in doc['rows']
+    ]
+    headers = ['viewers', 'exporter', 'pages/s', 'server commands/s', 'renders per refresh period']
+    ratios = ', '.join(
+        f'{r["viewers"]} viewer{"s" if r["viewers"] > 1 else ""} {_fmt(r["commands_per_second"])}×'
+        for r in doc['ratios']
+    )
+    state = doc['state']
+    return (
+        "### The exporter's page with many viewers\n\n"
+        + md_table([*headers, 'page p50 ms', 'page p99 ms', 'ok'], rows)
+        + f'\n\nEach viewer reloads {doc["refresh_seconds"]} s after the page arrived; '
+        f'{doc["window_seconds"]:g} s counted per row; '
+        f'{state["queues"]} queues holding {state["running"]} running jobs, {state["queued"]} waiting, '
+        f'{state["stalled"]} with a counted stall, {state["dead"]} dead letters; one render costs the server '
+        f'{doc["commands_per_render"]} commands. Server commands per second, without / with the cache: {ratios}.'
+    )
+
+
 #: Each benchmark's section, by the benchmark's name; the order of the full report.
 SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     'sweep_vs_cleanup': sweep_section,
@@ -299,6 +331,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     'detection': detection_section,
     'pickup': pickup_section,
     'fleet': fleet_section,
+    'page_viewers': page_section,
 }
 
 

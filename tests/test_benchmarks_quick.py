@@ -31,6 +31,7 @@ BENCHMARKS = {
     'detection': ('runs', 'summary'),
     'pickup': ('runs', 'wait_alone', 'summary'),
     'fleet': ('cells', 'simulated', 'growth', 'targets'),
+    'page_viewers': ('state', 'commands_per_render', 'rows', 'ratios'),
 }
 
 
@@ -112,6 +113,7 @@ def test_report_renders_every_section(results_dir: Path) -> None:
         "### Time until a dead worker's job runs again",
         '### Picking up jobs on several queues',
         '### A fleet of workers',
+        "### The exporter's page with many viewers",
     ):
         assert heading in text
 

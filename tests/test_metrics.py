@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,13 +106,29 @@ def counting_client(server: EmbeddedServer, tally: Tally) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
-class ExporterProcess:
-    """``rq-epoch exporter`` as a real process, on a port it picks."""
+#: Wildcard addresses, and the loopback address the tests reach them through.
+THROUGH_LOOPBACK = {'0.0.0.0': '127.0.0.1', '[::]': '[::1]'}
 
-    def __init__(self, args: list[str]) -> None:
+
+def loopback_url(url: str) -> str:
+    """``url`` with a wildcard host (``0.0.0.0``, ``[::]``) replaced by loopback: tests connect to loopback only."""
+    scheme, _, rest = url.partition('://')
+    host, colon, tail = rest.rpartition(':')
+    return f'{scheme}://{THROUGH_LOOPBACK.get(host, host)}{colon}{tail}'
+
+
+class ExporterProcess:
+    """``rq-epoch exporter`` as a real process, on a port it picks.
+
+    Its output is read as it comes (:meth:`line`): the first line names the metrics' address
+    (:attr:`url`, reached through loopback when the exporter listens on a wildcard).
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(('RQ_', 'REDIS_'))}
         environ['PYTHONPATH'] = str(ROOT) + os.pathsep + environ.get('PYTHONPATH', '')
         environ['PYTHONUNBUFFERED'] = '1'
+        environ.update(env or {})
         self.proc = subprocess.Popen(
             [*RQ_EPOCH, 'exporter', '--port', '0', *args],
             stdout=subprocess.PIPE,
@@ -120,31 +137,50 @@ class ExporterProcess:
             cwd=ROOT,
             env=environ,
         )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        assert ready, 'the exporter printed nothing within 30 s'
-        self.banner = self.proc.stdout.readline().strip()
-        assert self.banner.startswith('rq-epoch exporter: serving http://127.0.0.1:'), self.banner
-        self.url = self.banner.split()[3]
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self._lines.put), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self._err.append), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        self.banner = self.line()
+        assert self.banner.startswith('rq-epoch exporter: serving http://'), self.banner
+        self.url = loopback_url(self.banner.split()[3])
+
+    @staticmethod
+    def _read(stream: Any, keep: Callable[[str], Any]) -> None:
+        for line in stream:
+            keep(line)
+
+    def line(self, timeout: float = 30) -> str:
+        """The next line the exporter printed on stdout (waits up to ``timeout`` seconds)."""
+        try:
+            return self._lines.get(timeout=timeout).strip()
+        except queue.Empty:
+            raise AssertionError(f'the exporter printed no line within {timeout} s') from None
 
     def stop(self) -> tuple[int, str]:
         """SIGTERM, and the exit status and stderr."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            _, err = self.proc.communicate(timeout=15)
+            self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate(timeout=15)
-        return self.proc.returncode, err
+            self.proc.wait(timeout=15)
+        for reader in self._readers:
+            reader.join(15)
+        return self.proc.returncode, ''.join(self._err)
 
 
 @pytest.fixture
 def start_exporter() -> Iterator[Callable[..., ExporterProcess]]:
     started: list[ExporterProcess] = []
 
-    def start(*args: str) -> ExporterProcess:
-        exporter = ExporterProcess(list(args))
+    def start(*args: str, env: dict[str, str] | None = None) -> ExporterProcess:
+        exporter = ExporterProcess(list(args), env)
         started.append(exporter)
         return exporter
 

@@ -307,7 +307,8 @@ def test_a_queue_whose_sweeps_stopped_is_red(conn: redis.Redis, web: Callable[..
     Queue('swept', connection=conn).enqueue('tests.jobs.add', 1, 2)
     Queue('never', connection=conn).enqueue('tests.jobs.add', 1, 2)
     Sweeper(conn).sweep(['swept'])
-    fresh, stale = web(sweeps_stopped_after=3600), web(sweeps_stopped_after=1)
+    # No cache on the stale one: each load reads the server, so the last sweep's age grows.
+    fresh, stale = web(sweeps_stopped_after=3600), web(sweeps_stopped_after=1, cache_seconds=0)
 
     def sweep_cell(root: str, queue: str) -> Any:
         [row] = Dom.parse(get(root)[2]).find('tr', **{'data-queue': queue})
@@ -324,7 +325,7 @@ def test_a_queue_whose_sweeps_stopped_is_red(conn: redis.Redis, web: Callable[..
 def test_the_page_says_when_it_cannot_read_the_server(
     server: EmbeddedServer, conn: redis.Redis, web: Callable[..., str]
 ) -> None:
-    root = web()
+    root = web(cache_seconds=0)  # every load reads the server (the cache has its own tests)
     assert get(root)[0] == 200
     server.stop()
     try:

@@ -18,8 +18,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -37,6 +38,15 @@ from ..settings import EpochSettings
 from ..sweep.deadletters import DeadLetters
 from ..sweep.sweeper import Sweeper
 from ..worker.worker import wait_while_unavailable
+from .access import (
+    PASSWORD_VARIABLE,
+    USER_VARIABLE,
+    BasicAuth,
+    Credentials,
+    credentials_from_environment,
+    is_loopback,
+    read_credentials_file,
+)
 from .cli_config import CliConfig, F, fail, pass_cli_config, server_errors
 from .formatting import format_job, format_primary, format_status, format_sweep, one_line
 from .history import job_history
@@ -293,8 +303,111 @@ def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[s
 # -- exporter ------------------------------------------------------------------------------
 
 
+#: Where the page's credentials come from, for the messages that name them.
+CREDENTIALS_SOURCES = f'{USER_VARIABLE} and {PASSWORD_VARIABLE}, or --page-auth-file'
+
+
+@dataclass(frozen=True)
+class PagePlan:
+    """Where the exporter serves its page, and to whom: the exporter's options, checked."""
+
+    #: Serve the page at all.
+    on: bool
+    #: The page's own address and port; None: beside /metrics on --host and --port.
+    host: str | None = None
+    port: int | None = None
+    #: The user and password the page asks for; None: none.
+    credentials: Credentials | None = None
+    #: Why the page is off when nobody said --no-page (one line at start); '' otherwise.
+    off_because: str = ''
+
+
+def plan_page(
+    host: str,
+    port: int,
+    page: bool | None,
+    page_host: str | None,
+    page_port: int | None,
+    page_auth_file: str | None,
+    environ: Mapping[str, str],
+) -> PagePlan:
+    """Check the page's options together: the page is on by default only where it listens on
+    loopback; beyond loopback only with ``--page``.
+
+    Raises:
+        click.UsageError: options that contradict each other, or bad credentials.
+    """
+    separate = page_host is not None or page_port is not None
+    if page_host is not None and page_port is None:
+        raise click.UsageError('--page-host needs --page-port: the page gets a listener of its own')
+    if separate and page_port == port and port != 0:
+        raise click.UsageError(f'--page-port {page_port} is the metrics port (--port): give the page another one')
+    address = (page_host or '127.0.0.1') if separate else host
+    if page is False:
+        options = {'--page-host': page_host, '--page-port': page_port, '--page-auth-file': page_auth_file}
+        given = [name for name, value in options.items() if value is not None]
+        if given:
+            raise click.UsageError(f'--no-page contradicts {" and ".join(given)}')
+        return PagePlan(on=False)
+    try:
+        from_environment = credentials_from_environment(environ)
+        from_file = read_credentials_file(page_auth_file) if page_auth_file is not None else None
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if from_environment is not None and from_file is not None:
+        raise click.UsageError(
+            f'the page credentials are given twice ({USER_VARIABLE}/{PASSWORD_VARIABLE} and --page-auth-file): keep one'
+        )
+    credentials = from_file or from_environment
+    if page is None and not is_loopback(address):
+        if page_host is not None:
+            raise click.UsageError(f'--page-host {page_host} is beyond loopback: add --page to serve the page there')
+        if page_auth_file is not None:
+            raise click.UsageError(
+                f'--page-auth-file protects the page, which is off beyond loopback ({host}): add --page to serve it'
+            )
+        return PagePlan(
+            on=False,
+            off_because=f'no page: {host or "every address"} is beyond loopback '
+            '(--page serves it there, --page-port P serves it on 127.0.0.1:P)',
+        )
+    return PagePlan(
+        on=True, host=address if separate else None, port=page_port if separate else None, credentials=credentials
+    )
+
+
+def _listen(app: ExporterApp, host: str, port: int, which: str = '') -> WebServer:
+    """Bind ``host:port`` for ``app``, or exit with the reason (the process ends: nothing to close)."""
+    try:
+        return WebServer(app, host, port)
+    except OSError as exc:
+        fail(f'cannot listen on {host}:{port}{which}: {exc}')
+
+
+def _root(host: str, port: int) -> str:
+    return ('http://[{}]:{}/' if ':' in host else 'http://{}:{}/').format(host, port)
+
+
+def _audience(host: str, port: int, credentials: Credentials | None) -> str:
+    """Who can read the page on ``host:port``, as the line printed at start says it."""
+    if is_loopback(host):
+        who = 'open to this machine only (loopback)'
+    elif host in ('', '0.0.0.0', '::'):
+        who = f'open to anyone who can reach port {port} of this machine, on any interface'
+    else:
+        who = f'open to anyone who can reach {host} port {port}'
+    if credentials is None:
+        return f'{who}, without a password'
+    return f"{who}, with the password of user '{credentials.user}' (HTTP basic authentication)"
+
+
 @main.command()
-@click.option('--host', default='127.0.0.1', show_default=True, help='Address to listen on.')
+@click.option(
+    '--host',
+    default='127.0.0.1',
+    show_default=True,
+    help='Address to listen on (/metrics, and the page unless --page-port gives it its own).',
+)
 @bounded_option('--port', 0, 65535, DEFAULT_METRICS_PORT, 'Port to listen on (0: any free port, printed at start).')
 @grace_option
 @bounded_option(
@@ -302,11 +415,38 @@ def _status_jobs(cli_config: CliConfig, settings: EpochSettings, job_ids: list[s
 )
 @click.option(
     '--page/--no-page',
-    default=True,
-    show_default=True,
-    help='Serve the read-only web page at / and /job/ID beside /metrics.',
+    default=None,
+    help='Serve the read-only web page at / and /job/ID. Default: on where the page listens on loopback '
+    '(127.0.0.0/8, ::1, localhost), off beyond it.',
+)
+@click.option(
+    '--page-host',
+    default=None,
+    show_default='127.0.0.1',
+    help='Address of the page when it listens apart from /metrics (needs --page-port).',
+)
+@click.option(
+    '--page-port',
+    type=click.IntRange(0, 65535),
+    default=None,
+    help='Port of the page apart from /metrics (0: any free port, printed at start); /metrics stays on --port.',
+)
+@click.option(
+    '--page-auth-file',
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help=f'File whose first line is USER:PASSWORD, asked for by the page (HTTP basic authentication); '
+    f'or set {USER_VARIABLE} and {PASSWORD_VARIABLE}. /metrics never asks.',
 )
 @bounded_option('--refresh', 1, 3600, DEFAULT_REFRESH, 'Seconds between reloads of the page.')
+@click.option(
+    '--page-cache',
+    type=click.IntRange(0, 3600),
+    default=None,
+    show_default='--refresh',
+    help='Seconds a rendered view is shown to every viewer before the server is read again '
+    '(0: every load reads the server).',
+)
 @bounded_option(
     '--sweeps-stopped-after',
     1,
@@ -321,21 +461,33 @@ def exporter(
     port: int,
     grace: int | None,
     scan_limit: int,
-    page: bool,
+    page: bool | None,
+    page_host: str | None,
+    page_port: int | None,
+    page_auth_file: str | None,
     refresh: int,
+    page_cache: int | None,
     sweeps_stopped_after: int,
 ) -> None:
     """Serve Prometheus metrics at http://HOST:PORT/metrics (needs rq-epoch[prometheus]), and a
-    read-only page for people at http://HOST:PORT/ (unless --no-page).
+    read-only page for people at http://HOST:PORT/ when HOST is a loopback address.
+
+    The page shows job descriptions and exception text: beyond loopback (--host 0.0.0.0)
+    only /metrics is served unless --page asks for the page; --page-port gives the page a
+    listener of its own (on 127.0.0.1, or --page-host), and a user and password
+    (RQ_EPOCH_PAGE_USER and RQ_EPOCH_PAGE_PASSWORD, or --page-auth-file) protect it. What
+    is served, and to whom, is printed at start.
 
     Without queues, every queue in RQ's set of queues, read afresh at each scrape. A scrape costs
     a fixed number of round trips whatever the number of queues and jobs, and writes
     nothing. The page reads what `rq-epoch status` reads (links lead to what `status --job`
-    shows), writes nothing and answers only GET. Runs until SIGTERM or Ctrl-C.
+    shows), at most once per --page-cache seconds for all its viewers, writes nothing and
+    answers only GET. Runs until SIGTERM or Ctrl-C.
     """
     import signal
     import threading
 
+    plan = plan_page(host, port, page, page_host, page_port, page_auth_file, os.environ)
     settings = _settings(grace=grace)
     names = [] if cli_config.all_queues else cli_config.queue_names()  # none: read RQ's set of queues at each scrape
     collector = EpochCollector(cli_config.connection, queues=names, restart_grace=grace, scan_limit=scan_limit)
@@ -346,14 +498,19 @@ def exporter(
         queues=tuple(names),
         job_class=cli_config.job_class,
         serializer=cli_config.serializer,
+        cache_seconds=page_cache,
     )
+    auth = BasicAuth(plan.credentials) if plan.credentials is not None else None
     try:
-        app = ExporterApp(cli_config.connection, page_settings, metrics_app(collector), page=page)
-        web = WebServer(app, host, port)
+        metrics = metrics_app(collector)
     except RqEpochError as exc:
         fail(str(exc))
-    except OSError as exc:
-        fail(f'cannot listen on {host}:{port}: {exc}')
+    together = plan.on and plan.port is None
+    main_app = ExporterApp(cli_config.connection, page_settings, metrics, page=together, auth=auth)
+    servers = [_listen(main_app, host, port)]
+    if plan.on and plan.host is not None and plan.port is not None:
+        page_app = ExporterApp(cli_config.connection, page_settings, None, page=True, auth=auth)
+        servers.append(_listen(page_app, plan.host, plan.port, ' (--page-host, --page-port)'))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -361,23 +518,37 @@ def exporter(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    root = ('http://[{}]:{}/' if ':' in host else 'http://{}:{}/').format(host, web.port)
+    root = _root(host, servers[0].port)
     watched = ', '.join(names) if names else f'every queue in {keys.queues_key()}'
     click.echo(f'rq-epoch exporter: serving {root}metrics ({watched})')
-    if page:
-        click.echo(f'rq-epoch exporter: page at {root}')
+    if plan.on:
+        page_address, page_bound = (host, servers[0].port) if plan.host is None else (plan.host, servers[1].port)
+        click.echo(
+            f'rq-epoch exporter: page at {_root(page_address, page_bound)} (job descriptions and exception text), '
+            f'{_audience(page_address, page_bound, plan.credentials)}'
+        )
+        if plan.credentials is None and not is_loopback(page_address):
+            click.echo(
+                f'WARNING: the page is served beyond loopback without a password: set {CREDENTIALS_SOURCES}, '
+                'or put it behind a reverse proxy that asks for one',
+                err=True,
+            )
+    elif plan.off_because:
+        click.echo(f'rq-epoch exporter: {plan.off_because}')
     sys.stdout.flush()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter('%(levelname)s: %(message)s'))
     logger = logging.getLogger('rq_epoch')
     logger.addHandler(handler)
-    web.start()
+    for server in servers:
+        server.start()
     try:
         while not stop.wait(3600):
             pass
     finally:
         logger.removeHandler(handler)
-        web.stop()
+        for server in servers:
+            server.stop()
 
 
 # -- worker ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The exporter's read-only web page: what rq-epoch knows, for a person.
 
-``rq-epoch exporter`` serves it beside the metrics (``--no-page`` turns it off):
+``rq-epoch exporter`` serves it beside the metrics when it listens on loopback, or wherever
+``--page`` asks for it, on the metrics' port or its own (``--page-port``):
 
 =================  ====================================================================
 path               what it shows
@@ -21,6 +22,10 @@ script. Every link is relative, so the page works under any path prefix of a rev
 (the prefix must end with ``/``). Every piece of data from the server -- job ids, function
 names, descriptions, exception text, queue names -- is escaped with :func:`html.escape`;
 and a ``Content-Security-Policy`` that allows no script stands behind the escaping.
+
+Each view is rendered at most once per refresh period however many people watch it (a
+shared :class:`rq_epoch.ops.render_cache.RenderCache`), and may ask for a user and password
+(:class:`rq_epoch.ops.access.BasicAuth`); ``/metrics`` never does.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ from ..protocol import keys
 from ..protocol.server import read_epoch
 from ..protocol.verdicts import Verdict
 from ..settings import EpochSettings
+from .access import BasicAuth
 from .formatting import duration
 from .history import job_history
+from .render_cache import DEFAULT_MAX_ENTRIES, RenderCache
 from .status import Status, grace_left, read_status
 
 if TYPE_CHECKING:
@@ -134,6 +141,16 @@ class PageSettings:
     #: RQ's job class and serializer, as for ``rq-epoch status``.
     job_class: Any = None
     serializer: Any = None
+    #: Seconds a rendered view is shown to every viewer before the server is read again;
+    #: None: the refresh period (each view read at most once per period); 0: every load reads.
+    cache_seconds: int | None = None
+    #: Views kept at most (the status page and the job pages together); the oldest go first.
+    cache_entries: int = DEFAULT_MAX_ENTRIES
+
+    @property
+    def cache_ttl(self) -> int:
+        """Seconds a rendered view is kept (:attr:`cache_seconds`, else :attr:`refresh`)."""
+        return self.refresh if self.cache_seconds is None else self.cache_seconds
 
 
 def document(title: str, body: str, refresh: int) -> str:
@@ -404,17 +421,30 @@ class JobPage:
 
 
 class ExporterApp:
-    """The exporter's WSGI application: the pages (unless turned off) and ``/metrics``. GET only."""
+    """The exporter's WSGI application: the pages (unless turned off) and ``/metrics``. GET only.
+
+    ``auth``: the user and password the pages ask for (``/metrics`` never asks); None: none.
+    Each view goes through one shared :class:`RenderCache` (:attr:`cache`).
+    """
 
     def __init__(
-        self, connection: Redis, settings: PageSettings, metrics: WsgiApp | None, *, page: bool = True
+        self,
+        connection: Redis,
+        settings: PageSettings,
+        metrics: WsgiApp | None,
+        *,
+        page: bool = True,
+        auth: BasicAuth | None = None,
     ) -> None:
         self.connection = connection
         self.settings = settings
         self.metrics = metrics
         self.page = page
+        self.auth = auth
         self.status_page = StatusPage(connection, settings)
         self.job_page = JobPage(connection, settings)
+        #: The rendered views, each an HTTP status and a page.
+        self.cache: RenderCache[tuple[str, str]] = RenderCache(settings.cache_ttl, settings.cache_entries)
         self._last_error = ''
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -426,14 +456,25 @@ class ExporterApp:
             return self.metrics(environ, start_response)
         if not self.page:
             return self._answer(start_response, '404 Not Found', 'Not found.')
+        if self.auth is not None and not self.auth.allows(environ.get('HTTP_AUTHORIZATION')):
+            challenge = [('WWW-Authenticate', self.auth.challenge)]
+            return self._answer(start_response, '401 Unauthorized', 'Authentication required.', challenge)
         if path == '/':
-            return self._render(start_response, self.status_page.render)
+            return self._view(start_response, path, self.status_page.render)
         if path.startswith('/job/') and len(path) > len('/job/'):
             job_id = path[len('/job/') :]
-            return self._render(start_response, lambda: self.job_page.render(job_id), job_id=job_id)
+            return self._view(start_response, path, lambda: self.job_page.render(job_id), job_id=job_id)
         return self._answer(start_response, '404 Not Found', 'Not found.')
 
-    def _render(self, start_response: Callable[..., Any], render: Callable[[], str], job_id: str = '') -> list[bytes]:
+    def _view(
+        self, start_response: Callable[..., Any], key: str, render: Callable[[], str], job_id: str = ''
+    ) -> list[bytes]:
+        """Answer with the view ``key``, rendered at most once per cache period for every viewer."""
+        status, page = self.cache.get(key, lambda: self._render(render, job_id))
+        return self._html(start_response, status, page)
+
+    def _render(self, render: Callable[[], str], job_id: str = '') -> tuple[str, str]:
+        """Read the server and render: the HTTP status and the page (an error page when the read fails)."""
         back = '../' if job_id else ''
         try:
             body = render()
@@ -443,7 +484,7 @@ class ExporterApp:
                 f'<p><a id="back" href="{back}">&larr; all queues</a></p><p id="error">No job {e(job_id)}.</p>',
                 self.settings.refresh,
             )
-            return self._html(start_response, '404 Not Found', page)
+            return '404 Not Found', page
         except (redis.exceptions.RedisError, RqEpochError) as exc:
             if type(exc).__name__ != self._last_error:  # once per kind of error, until a read succeeds
                 logger.warning('page: cannot read the server: %s: %s', type(exc).__name__, exc)
@@ -453,9 +494,9 @@ class ExporterApp:
                 f'<p id="error" class="bad">Cannot read the server: {e(type(exc).__name__)}: {e(exc)}</p>',
                 self.settings.refresh,
             )
-            return self._html(start_response, '503 Service Unavailable', page)
+            return '503 Service Unavailable', page
         self._last_error = ''
-        return self._html(start_response, '200 OK', body)
+        return '200 OK', body
 
     @staticmethod
     def _html(start_response: Callable[..., Any], status: str, page: str) -> list[bytes]:
@@ -476,6 +517,9 @@ class ExporterApp:
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    #: Connections waiting to be accepted (socketserver's 5 drops the connections of many
+    #: viewers arriving at once, and each one dropped retries a second later).
+    request_queue_size = 128
 
 
 class _ThreadingServer6(_ThreadingServer):
