@@ -441,7 +441,7 @@ class Worker(RQWorker):
         if self.stop_request is None and not self.is_horse:
             self.stop_request = StopRequest(time.monotonic(), self.epoch_settings.shutdown_timeout)
         super().request_stop(signum, frame)  # raises StopRequested when idle
-        if self.stop_request is not None and self._job_running():
+        if self.stop_request is not None and rq_adapter.stop_requested(self):  # busy: RQ waits for the job
             timeout = self.stop_request.timeout
             self.log.info(
                 'Worker %s: told to stop while a job runs; %s',
@@ -511,7 +511,7 @@ class Worker(RQWorker):
         finally:
             self._in_horse_wait = False
 
-    def look_at_stop(self, job: RQJob, execution: Execution) -> bool:
+    def _look_at_stop(self, job: RQJob, execution: Execution) -> bool:
         """While the monitor waits for a job: act on a stop request. True once the job was handed back.
 
         Marks the lease stopping (once per execution), and when the hand-back is due (the
@@ -770,7 +770,7 @@ class Worker(RQWorker):
             return
         adopt(job)
         if self.stop_request is not None:
-            if self.look_at_stop(job, execution):
+            if self._look_at_stop(job, execution):
                 return  # the job was handed back (or left to the sweep): its lease is not ours to keep
             if time.monotonic() - self._last_stopping_beat < self.epoch_settings.heartbeat_interval:
                 return  # looking more often while stopping; heartbeating as often as before
