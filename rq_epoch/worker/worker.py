@@ -31,7 +31,6 @@ import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
-from rq.timeouts import UnixSignalDeathPenalty
 from rq.utils import now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
@@ -491,9 +490,8 @@ class Worker(RQWorker):
         the monitor looks at the job (:meth:`maintain_heartbeats`) at once. Anywhere else the
         next look comes within a second (:meth:`request_stop` shortened the interval).
         """
-        handler = signal.getsignal(signal.SIGALRM)
-        if self._in_horse_wait and isinstance(getattr(handler, '__self__', None), UnixSignalDeathPenalty):
-            signal.setitimer(signal.ITIMER_REAL, 0.001)
+        if self._in_horse_wait:
+            rq_adapter.bring_monitor_alarm_forward()
 
     def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
         """Wait for the work-horse as RQ does; after a hand-back, report the work-horse reaped then.
