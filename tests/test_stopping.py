@@ -9,6 +9,7 @@ be handed back. The worker-side scenarios are in ``tests/test_deploys.py``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -16,7 +17,7 @@ import redis
 from rq.executions import Execution
 from rq.job import JobStatus
 
-from rq_epoch import Job, Queue, Sweeper
+from rq_epoch import Job, Queue, Sweeper, Worker
 from rq_epoch.protocol import keys, scripts, verbs
 from rq_epoch.worker.stopping import hand_back, mark_stopping
 from tests.conftest import wait_for
@@ -224,3 +225,17 @@ def test_of_an_outcome_and_a_hand_back_exactly_one_lands(conn, first: str) -> No
         assert (refused.lands, refused.reason, refused.detail) == (False, 'taken', 'handed_back')
         assert Job.fetch(job.id, connection=conn).get_status() == JobStatus.QUEUED
         assert queue.get_job_ids() == [job.id]
+
+
+def test_a_worker_whose_lease_a_sweep_took_logs_the_refused_hand_back(conn, caplog: pytest.LogCaptureFixture) -> None:
+    queue = Queue(QUEUE, connection=conn)
+    job, _ = start_job(conn, queue)
+    run = execution(conn, job)
+    assert [v.verdict for v in sweep(conn).verdicts] == ['recovered']
+    worker = Worker([QUEUE], connection=conn)
+    with caplog.at_level(logging.WARNING):
+        reply = worker.hand_back(job, run)
+    assert reply is not None and (reply.handed_back, reply.reason) == (False, 'taken')
+    assert f'job {job.id} was not handed back' in caplog.text
+    assert 'taken recovered' in caplog.text
+    assert conn.hget(keys.stats_key(QUEUE), 'refused') == b'1'
