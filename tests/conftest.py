@@ -141,6 +141,7 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
         url: str | None = None,
+        own_group: bool = False,
     ) -> WorkerProcess:
         environ = dict(os.environ)
         environ['PYTHONPATH'] = str(ROOT) + os.pathsep + environ.get('PYTHONPATH', '')
@@ -163,7 +164,11 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
         argv += list(args or [])
         argv += list(queues or ['default'])
         with open(log, 'wb') as fh:
-            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=environ)
+            # own_group: the worker leads a process group of its own, as in a terminal (Ctrl-C
+            # reaches the group) or under a supervisor that signals the group.
+            proc = subprocess.Popen(
+                argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=environ, start_new_session=own_group
+            )
         worker = WorkerProcess(proc, log)
         started.append(worker)
         return worker
