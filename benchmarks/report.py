@@ -193,6 +193,8 @@ def deploy_section(doc: dict[str, Any]) -> str:
         if r['median_seconds'] is not None:
             seconds = f'{_fmt(r["median_seconds"])} (worst {_fmt(r["max_seconds"])})'
         outcome = '; '.join(r['outcomes'] + r['reasons'])
+        if r.get('failed_seconds') is not None:
+            outcome += f' ({_fmt(r["failed_seconds"])} s after the stop signal)'
         rows.append([r['side'], r['sequence'], r['grace'], r['trials'], seconds, outcome, r['stalled'], r['ok']])
     headers = ['worker', 'stop', 'grace (s)', 'trials', 'seconds until it runs again, median', 'the job']
     settings = doc['settings']

@@ -63,6 +63,8 @@ class SideRun:
         self.t0 = time.time()
         #: Rolling deploys begun so far (each stops every worker slot in turn).
         self.deploys = 0
+        #: Whether a rolling deploy is under way (the next one waits for it).
+        self.deploying = False
 
     # -- running ---------------------------------------------------------------------
 
@@ -213,6 +215,9 @@ class SideRun:
             if fault.kind in ('failover', 'primary-freeze'):
                 return self._topology_fault(fault)
             if fault.kind == 'deploy':
+                if self.deploying:
+                    return (time.time() + 0.5, 'fault', fault)  # one rolling deploy at a time
+                self.deploying = True
                 self.deploys += 1
                 self.recorder.add('deploy-start', deploy=self.deploys, planned=fault.at)
                 return (time.time(), 'deploy-step', DeployStep(fault, self.deploys, 0))
@@ -305,6 +310,7 @@ class SideRun:
         ):
             return (time.time(), 'deploy-step', DeployStep(step.fault, step.number, step.index + 1))
         self.recorder.add('deploy-done', deploy=step.number)
+        self.deploying = False
         return None
 
     def _drain(self) -> None:
