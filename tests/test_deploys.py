@@ -304,3 +304,24 @@ def test_sigkill_with_no_stop_signal_is_still_counted_once(
     wait_for(lambda: run.field('status') == JobStatus.FINISHED.value, 60, what='the job to end')
     assert len(run.job.results()) == 1
     assert second.proc.poll() is None
+
+
+# -- the job ends during the warm wait: its outcome stands, nothing is handed back ------------
+
+
+def test_a_job_that_ends_within_the_shutdown_timeout_keeps_its_outcome_and_is_not_handed_back(
+    conn: redis.Redis, start_worker: Any, tmp_path: Path
+) -> None:
+    run = Run(conn, tmp_path)
+    first = start_worker(QUEUE, env=_env('120'))
+    run.wait_running(1, first)
+    first.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: 'marked the lease' in first.output(), 30, what='the stop mark')
+    run.release.write_text('go')
+    assert first.proc.wait(30) == 0, first.output()
+    assert run.field('status') == JobStatus.FINISHED.value
+    assert run.starts() == 1
+    assert len(run.job.results()) == 1
+    assert run.field('handed_back') == ''
+    assert run.counter('handed_back') == 0
+    assert Queue(QUEUE, connection=conn).get_job_ids() == []

@@ -12,6 +12,12 @@ thing: a job running in-process cannot be stopped from the outside, so it runs t
 and then the fence refuses its outcome (nothing of it is written; the worker logs one
 warning and the server counts it). The keeper logs a warning as soon as it learns of it.
 
+Told to stop while a job runs (see :mod:`rq_epoch.worker.stopping`), the keeper marks the lease
+stopping; the job cannot be stopped on its own, so once the shutdown timeout has passed (or at a
+second signal) the keeper hands the job back and ends the process, exit status 0, with the job
+in it: what a supervisor's SIGKILL would do a little later, but with the job back at the front
+of its queue, uncounted. With ``unlimited`` the worker waits for the job, as RQ's does.
+
 ``rq worker --worker-class rq_epoch.SpawnWorker`` starts each work-horse with
 ``posix_spawn`` instead of ``fork`` (RQ's ``SpawnWorker``). The work-horse is a new process
 that reads the worker and the job from the server before the job starts;

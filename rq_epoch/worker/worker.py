@@ -31,7 +31,6 @@ import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
-from rq.timeouts import UnixSignalDeathPenalty
 from rq.utils import now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
@@ -441,7 +440,7 @@ class Worker(RQWorker):
         if self.stop_request is None and not self.is_horse:
             self.stop_request = StopRequest(time.monotonic(), self.epoch_settings.shutdown_timeout)
         super().request_stop(signum, frame)  # raises StopRequested when idle
-        if self.stop_request is not None and self._job_running():
+        if self.stop_request is not None and rq_adapter.stop_requested(self):  # busy: RQ waits for the job
             timeout = self.stop_request.timeout
             self.log.info(
                 'Worker %s: told to stop while a job runs; %s',
@@ -491,9 +490,8 @@ class Worker(RQWorker):
         the monitor looks at the job (:meth:`maintain_heartbeats`) at once. Anywhere else the
         next look comes within a second (:meth:`request_stop` shortened the interval).
         """
-        handler = signal.getsignal(signal.SIGALRM)
-        if self._in_horse_wait and isinstance(getattr(handler, '__self__', None), UnixSignalDeathPenalty):
-            signal.setitimer(signal.ITIMER_REAL, 0.001)
+        if self._in_horse_wait:
+            rq_adapter.bring_monitor_alarm_forward()
 
     def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
         """Wait for the work-horse as RQ does; after a hand-back, report the work-horse reaped then.
@@ -511,7 +509,7 @@ class Worker(RQWorker):
         finally:
             self._in_horse_wait = False
 
-    def look_at_stop(self, job: RQJob, execution: Execution) -> bool:
+    def _look_at_stop(self, job: RQJob, execution: Execution) -> bool:
         """While the monitor waits for a job: act on a stop request. True once the job was handed back.
 
         Marks the lease stopping (once per execution), and when the hand-back is due (the
@@ -770,7 +768,7 @@ class Worker(RQWorker):
             return
         adopt(job)
         if self.stop_request is not None:
-            if self.look_at_stop(job, execution):
+            if self._look_at_stop(job, execution):
                 return  # the job was handed back (or left to the sweep): its lease is not ours to keep
             if time.monotonic() - self._last_stopping_beat < self.epoch_settings.heartbeat_interval:
                 return  # looking more often while stopping; heartbeating as often as before
