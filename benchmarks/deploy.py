@@ -122,7 +122,7 @@ def one_trial(
         first = _wait(lambda: _starts(ledger), 60)
         if not first:
             return {**row, 'ok': False, 'outcome': 'the job never started'}
-        time.sleep(0.5)  # the job is well under way (its first heartbeat sent)
+        time.sleep(0.5)  # the job is well under way
         _, horse, worker = first[0]
         stopped = time.time()
         send_signal(worker, signal.SIGTERM)
