@@ -67,8 +67,10 @@ class OutcomeRefused(BaseException):
     Raised by the fenced commit (see :mod:`rq_epoch.worker.fence`) when the execution no longer
     holds its lease; nothing of the outcome was written. ``reason`` is ``taken`` (a sweep
     took the lease; ``detail`` is its verdict), ``superseded`` (``detail`` is the newer
-    execution's id) or ``gone`` (no sign of a newer holder: the execution's own earlier
-    commit landed, or the job was cancelled or deleted). ``holder`` is the job's lease
+    execution's id), ``queued`` (the server holds no lease of this execution, a failover
+    lost its grant, and the job waits in its queue or intermediate list, whose key is
+    ``detail``: it runs again) or ``gone`` (no sign of a newer holder: the execution's own
+    earlier commit landed, or the job was cancelled or deleted). ``holder`` is the job's lease
     execution when the commit was refused, or ''.
 
     It derives from :class:`BaseException` and not from :class:`Exception` (as
@@ -95,4 +97,9 @@ class OutcomeRefused(BaseException):
             return f'a sweep took its lease (verdict {self.detail or "unknown"}){newer}'
         if self.reason == 'superseded':
             return f'a newer execution {self.detail} was granted the job'
+        if self.reason == 'queued':
+            return (
+                f'the server holds no lease of this execution and the job waits in {self.detail or "its queue"} '
+                '(a failover or restart lost its grant): it runs again there'
+            )
         return 'its lease is gone (no newer holder recorded)'

@@ -137,17 +137,17 @@ class CommitReply:
     :class:`rq_epoch.OutcomeRefused`).
     """
 
-    #: The outcome lands: the execution holds its lease, or was never granted one and
-    #: nobody took over.
+    #: The outcome lands: the execution holds its lease, or was never granted one, nobody
+    #: took over and the job is in none of the lists it can be taken from.
     lands: bool
     #: The execution held its lease (False for one never granted a lease, and for a refusal).
     leased: bool
     #: One reply per command, when the outcome lands.
     replies: tuple[Any, ...] = ()
-    #: Why the outcome was refused: ``taken``, ``superseded`` or ``gone``; '' when it lands.
+    #: Why the outcome was refused: ``taken``, ``superseded``, ``queued`` or ``gone``; '' when it lands.
     reason: str = ''
-    #: The verdict of the sweep that took the lease (``taken``), or the newer execution's id
-    #: (``superseded``).
+    #: The verdict of the sweep that took the lease (``taken``), the newer execution's id
+    #: (``superseded``), or the key of the list the job waits in (``queued``).
     detail: str = ''
     #: The job's ``lease_execution`` when the outcome was refused ('' if none).
     holder: str = ''
