@@ -8,6 +8,7 @@ that keeps killing its workers.
 
 from .errors import (
     ConfigurationError,
+    EnqueueNotConfirmed,
     EpochUnavailableError,
     OutcomeRefused,
     RqEpochError,
@@ -37,6 +38,7 @@ __all__ = [
     'ConfigurationError',
     'DeadLetters',
     'EpochJobMixin',
+    'EnqueueNotConfirmed',
     'EpochSettings',
     'EpochUnavailableError',
     'Fence',

@@ -13,6 +13,7 @@ from rq.exceptions import AbandonedJobError
 
 __all__ = [
     'ConfigurationError',
+    'EnqueueNotConfirmed',
     'EpochUnavailableError',
     'OutcomeRefused',
     'RqEpochError',
@@ -51,6 +52,30 @@ class ServerOutageError(RqEpochError, redis.exceptions.ConnectionError):
     It is a redis-py ``ConnectionError``: a worker rides it out like a server that does not
     answer (see :mod:`rq_epoch.worker.failover`).
     """
+
+
+class EnqueueNotConfirmed(RqEpochError):
+    """No replica confirmed an enqueued job in time (a durable enqueue, see
+    :class:`rq_epoch.Queue`): the job may or may not exist.
+
+    The primary took the job, but its replicas did not confirm it within
+    ``RQ_EPOCH_DURABLE_TIMEOUT``: if the primary is replaced now (a failover), the job may be
+    lost; if it is not, the job runs as any other. ``job_id`` names it, so that the producer
+    can look (``Job.exists(job_id)``) once the server has settled, and enqueue it again if it
+    is gone (an enqueue with the same ``job_id`` replaces it). ``replicas`` is how many
+    replicas confirmed it, of ``wanted``.
+    """
+
+    def __init__(self, job_id: str, replicas: int, wanted: int, timeout_ms: int) -> None:
+        self.job_id = job_id
+        self.replicas = replicas
+        self.wanted = wanted
+        self.timeout_ms = timeout_ms
+        super().__init__(
+            f'job {job_id} was enqueued on the primary, but {replicas} of {wanted} replica(s) confirmed it '
+            f'within {timeout_ms} ms: it may or may not exist after a failover; check with '
+            f'Job.exists({job_id!r}) and enqueue it again if it is gone'
+        )
 
 
 class StalledJobError(RqEpochError, AbandonedJobError):

@@ -19,6 +19,12 @@ variable                         default  meaning
 ``RQ_EPOCH_STARTUP_WAIT``        300      seconds a worker started while the server is down,
                                           loading, read-only or refusing writes waits for
                                           it before it gives up (0: it gives up at once)
+``RQ_EPOCH_DURABLE_REPLICAS``    0        replicas that must confirm (``WAIT``) a grant, an
+                                          outcome and a durable enqueue before they count as
+                                          written; 0 is off
+``RQ_EPOCH_DURABLE_TIMEOUT``     1000     milliseconds one confirmation waits for them
+``RQ_EPOCH_DURABLE_FSYNC``       0        1: the primary must also have written them to its
+                                          append-only file on disk (``WAITAOF``)
 ===============================  =======  ====================================================
 
 With the defaults a worker that dies is detected within one lease (30 s) plus one sweep
@@ -47,6 +53,9 @@ _FIELDS = {
     'restart_grace': ('RQ_EPOCH_RESTART_GRACE', 0),
     'batch_size': ('RQ_EPOCH_BATCH_SIZE', 1),
     'startup_wait': ('RQ_EPOCH_STARTUP_WAIT', 0),
+    'durable_replicas': ('RQ_EPOCH_DURABLE_REPLICAS', 0),
+    'durable_timeout': ('RQ_EPOCH_DURABLE_TIMEOUT', 1),
+    'durable_fsync': ('RQ_EPOCH_DURABLE_FSYNC', 0),
 }
 
 
@@ -77,6 +86,17 @@ class EpochSettings:
     restart_grace: int | None = None
     batch_size: int = 30
     startup_wait: int = 300
+    #: Replicas that must confirm a grant, an outcome or a durable enqueue (0: none asked).
+    durable_replicas: int = 0
+    #: Milliseconds one confirmation (``WAIT``, ``WAITAOF``) waits.
+    durable_timeout: int = 1000
+    #: Nonzero: the primary must also have fsynced them to its append-only file (``WAITAOF``).
+    durable_fsync: int = 0
+
+    @property
+    def durable(self) -> bool:
+        """Whether grants, outcomes and enqueues are confirmed before they count as written."""
+        return self.durable_replicas > 0 or self.durable_fsync > 0
 
     @property
     def lease_ttl(self) -> int:

@@ -26,6 +26,7 @@ BENCHMARKS = {
     'sweep_vs_cleanup': ('rows', 'sizes', 'repeat', 'server'),
     'sweep_latency': ('baseline', 'during', 'batch_study'),
     'worker_throughput': ('runs', 'summary'),
+    'durable': ('latency', 'throughput', 'enqueue', 'summary'),
     'heartbeat': ('real_workers', 'latency', 'idle_sweep', 'targets'),
     'memory': ('rows',),
     'detection': ('runs', 'summary'),

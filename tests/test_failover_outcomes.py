@@ -133,3 +133,81 @@ def test_an_outcome_whose_take_and_grant_a_failover_lost_is_refused_and_the_job_
     assert len(Job.fetch(job.id, connection=client).results()) == 1
     assert executions(log, 'x') == (2, 2)
     assert worker.proc.poll() is None
+
+
+DURABLE = {'RQ_EPOCH_DURABLE_REPLICAS': '1', 'RQ_EPOCH_DURABLE_TIMEOUT': '300'}
+
+
+def test_with_durability_a_grant_the_failover_lost_is_not_worked_on_and_the_job_runs_once(
+    held_link: HeldLink, tmp_path: Path
+) -> None:
+    """The grant is acknowledged by the primary only: the worker waits for a replica before it
+    runs the job, finds after the failover that the new primary never got the grant, and
+    leaves the job where it waits; it runs once, from the new primary's queue."""
+    topology, f = held_link.topology, held_link.fleet
+    old = topology.current_primary()
+    client, replica = old.client(), topology.replica.client()
+    queue = Queue('grant', connection=client)
+    log, release = tmp_path / 'log', tmp_path / 'release'
+    release.touch()  # the job ends as soon as it runs
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'g', str(release))
+    wait_for(lambda: replica.lrange(queue.key, 0, -1) == [job.id.encode()], 15, what='the enqueue on the replica')
+    held_link.proxy.hold_downstream()
+    worker = f.worker('grant', env=DURABLE)
+    wait_for(lambda: 'no replica confirmed the grant of job' in worker.output(), 30, what='the grant unconfirmed')
+    first = client.hget(job.key, 'lease_execution')
+    assert first and executions(log, 'g') == (0, 0)  # granted on the old primary, not run
+    assert replica.lrange(queue.key, 0, -1) == [job.id.encode()]  # the replica never got the take
+    assert replica.hget(job.key, 'lease_execution') is None
+    _, new = topology.failover()
+    new_client = new.client()
+    wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 60, what='the job finished on the new primary')
+    out = worker.output()
+    assert f'the grant of job {job.id} to execution {first.decode()} was lost' in out, out
+    done = Job.fetch(job.id, connection=new_client)
+    assert executions(log, 'g') == (1, 1)  # once, and only from the new primary
+    assert len(done.results()) == 1
+    assert done.lease_execution != first.decode()
+    assert (done.stale_outcomes, done.stalled, done.exempt_recoveries) == (0, 0, 0)
+    assert new_client.lpos(queue.key, job.id) is None and new_client.zcard(keys.leases_key('grant')) == 0
+    topology.wait_demoted(old, 60)
+    wait_for(lambda: client.hget(job.key, 'status') == b'finished', 15, what='the outcome on the demoted primary')
+    assert executions(log, 'g') == (1, 1) and worker.proc.poll() is None
+
+
+def test_with_durability_an_outcome_the_failover_lost_is_written_again_on_the_new_primary_once(
+    held_link: HeldLink, tmp_path: Path
+) -> None:
+    """The grant reached the replica; the outcome is acknowledged by the primary only. The
+    work-horse keeps it, follows the failover and writes it again there through the fence:
+    the job is finished once and never runs again."""
+    topology, f = held_link.topology, held_link.fleet
+    old = topology.current_primary()
+    client, replica = old.client(), topology.replica.client()
+    queue = Queue('outcome', connection=client)
+    log, release = tmp_path / 'log', tmp_path / 'release'
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'o', str(release))
+    worker = f.worker('outcome', env=DURABLE)
+    wait_for(lambda: executions(log, 'o')[0] == 1, 30, what='the job running')
+    execution = client.hget(job.key, 'lease_execution')
+    wait_for(lambda: replica.hget(job.key, 'lease_execution') == execution, 15, what='the grant on the replica')
+    held_link.proxy.hold_downstream()
+    release.touch()
+    wait_for(lambda: client.hget(job.key, 'status') == b'finished', 30, what='the outcome on the old primary')
+    wait_for(lambda: 'no replica confirmed the success of job' in worker.output(), 30, what='the outcome unconfirmed')
+    assert replica.hget(job.key, 'status') == b'started'  # the replica never got it
+    _, new = topology.failover()
+    new_client = new.client()
+    wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 60, what='the outcome written again')
+    out = worker.output()
+    assert 'writing it again there' in out, out
+    done = Job.fetch(job.id, connection=new_client)
+    assert len(done.results()) == 1 and done.lease_execution == execution.decode()
+    assert (done.stale_outcomes, done.stalled, done.exempt_recoveries) == (0, 0, 0)
+    assert new_client.zcard(keys.leases_key('outcome')) == 0
+    assert new_client.lpos(queue.key, job.id) is None
+    assert not [v for v in Sweeper(new_client, restart_grace=0).sweep(['outcome']).verdicts if v.job_id == job.id]
+    topology.wait_demoted(old, 60)
+    wait_for(lambda: client.hget(job.key, 'status') == b'finished', 15, what='the outcome on the demoted primary')
+    assert len(Job.fetch(job.id, connection=client).results()) == 1
+    assert executions(log, 'o') == (1, 1) and worker.proc.poll() is None

@@ -109,6 +109,9 @@ class EpochJobMixin(_MixinBase):
     fence: Fence | None = None
     #: True once the fence refused this process's outcome of the job.
     outcome_refused: bool = False
+    #: True when the grant of this process's execution was lost before a replica confirmed
+    #: it (``RQ_EPOCH_DURABLE_REPLICAS``): the worker does not run the job.
+    grant_lost: bool = False
     _heartbeat_registry: StartedJobRegistry | None = None
     _callback_decisions: dict[tuple[str, str], bool] | None = None
     #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
@@ -124,6 +127,7 @@ class EpochJobMixin(_MixinBase):
         self._max_stalled = None
         self.fence = None
         self.outcome_refused = False
+        self.grant_lost = False
         self._callback_decisions = {}
         super().__init__(*args, **kwargs)
 

@@ -9,24 +9,29 @@ functions here are those two round trips; :class:`rq_epoch.Worker` calls them fr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import redis.exceptions
 from rq.job import Job as RQJob
 from rq.utils import now
 from rq.worker import Worker as RQWorker
 
-from ..errors import RqEpochError
+from ..errors import CONNECTION_ERRORS, OutcomeRefused, RqEpochError
 from ..jobs.job import EpochJobMixin, StartedJobRegistry
 from ..jobs.jobclass import adopt
 from ..protocol import keys, scripts, verbs
+from ..protocol.durable import Durability
 from ..settings import EpochSettings
+from .fence import Fence
 
 if TYPE_CHECKING:
     from redis import Redis
     from rq.executions import Execution
 
-__all__ = ['grant_again', 'heartbeat_round_trip', 'lease_ttl']
+__all__ = ['confirm_grant', 'grant_again', 'heartbeat_round_trip', 'lease_ttl']
 
 
 def lease_ttl(settings: EpochSettings, job: RQJob, working_time: float = 0.0) -> int:
@@ -105,3 +110,92 @@ def heartbeat_round_trip(
             "rq-epoch's StartedJobRegistry (a job class without the epoch behaviour?)"
         )
     return reply
+
+
+def confirm_grant(
+    durability: Durability,
+    connection: Redis,
+    fence: Fence,
+    *,
+    follow: Callable[[], bool],
+    heartbeat: Callable[[], verbs.ExtendReply],
+    heartbeat_every: float,
+    give_up: float,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    name: str,
+) -> OutcomeRefused | None:
+    """Wait until replicas confirm the grant of ``fence``'s execution, before its job runs.
+
+    Returns None once the grant is confirmed (or counts as written, see
+    :class:`~rq_epoch.protocol.durable.Durability`), or once the primary moved and the new
+    one holds this execution's lease (the grant reached it before the failover). Returns the
+    fence's refusal when the grant is lost: the server the worker talks to now does not
+    hold this execution's lease (a failover lost it, and the job waits in its queue there;
+    or a sweep took it): the job must not run; it runs again from where it waits, once.
+
+    While it waits, ``follow()`` moves the worker to a new primary (True when it moved) and
+    ``heartbeat()`` extends the lease every ``heartbeat_every`` seconds, so that no sweep
+    takes a lease that waits for its replicas. At the monotonic time ``give_up`` the job
+    runs unconfirmed (one warning).
+    """
+    waiting_since = time.monotonic()
+    next_beat = waiting_since + heartbeat_every
+    said = False
+    for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
+        try:
+            if durability.confirm(connection).confirmed:
+                break
+        except CONNECTION_ERRORS:
+            pass  # the primary is going away: follow it, and look for the lease there
+        moved = follow()
+        try:
+            refusal = fence.check(connection)
+        except CONNECTION_ERRORS:
+            refusal = None
+            time.sleep(0.1)
+        else:
+            if refusal is not None:
+                log.warning(
+                    'Worker %s: the grant of job %s to execution %s was lost before a replica confirmed it (%s); '
+                    'not running it here',
+                    name,
+                    fence.job_id,
+                    fence.execution_id,
+                    refusal.describe(),
+                )
+                return refusal
+            if moved:
+                break  # the new primary holds the lease: the grant reached it
+        if not said:
+            said = True
+            log.warning(
+                'Worker %s: no replica confirmed the grant of job %s within %s ms; waiting before running it',
+                name,
+                fence.job_id,
+                durability.timeout_ms,
+            )
+        now = time.monotonic()
+        if now >= give_up:
+            log.warning(
+                'Worker %s: the grant of job %s is still not confirmed after %.0fs; running it unconfirmed',
+                name,
+                fence.job_id,
+                now - waiting_since,
+            )
+            return None
+        if now >= next_beat:
+            next_beat = now + heartbeat_every
+            try:
+                reply = heartbeat()
+            except CONNECTION_ERRORS:
+                continue
+            if not reply.extended:
+                continue  # the next check of the fence tells why
+    if said:
+        log.warning(
+            'Worker %s: the grant of job %s confirmed after %.1fs; running it',
+            name,
+            fence.job_id,
+            time.monotonic() - waiting_since,
+        )
+    return None

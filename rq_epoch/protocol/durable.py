@@ -1,0 +1,179 @@
+"""Confirming writes: replicas (``WAIT``) and, on request, the primary's disk (``WAITAOF``).
+
+A write that a primary acknowledged is lost if the primary is replaced before its replicas
+received it (a failover after a freeze, a network cut, a crash). With
+``RQ_EPOCH_DURABLE_REPLICAS`` (and ``RQ_EPOCH_DURABLE_FSYNC``), a worker asks the server to
+confirm its grant and its outcome, and :class:`rq_epoch.Queue` a job it enqueued, before they
+count as written (see ``docs/restarts-and-failovers.md``, "Durable outcomes").
+
+``WAIT`` confirms the writes made *on the connection that sends it*. A worker's writes go
+over pooled connections, so each confirmation first writes a key of its own
+(:func:`rq_epoch.protocol.keys.confirm_key`) on the connection it then waits on: the
+replication stream is one ordered stream, so a replica that has that write has every write
+the primary applied before it. The write, ``WAIT`` and ``WAITAOF`` go in one round trip.
+
+Where the setting cannot work, :class:`Durability` says so once and goes on as without it:
+no replica connected, and none seen by this process for :data:`ALONE_AFTER` seconds (one
+line, again each time they all went away; a primary that lost its replicas a moment ago may
+have been replaced, so the worker keeps waiting and following the primary until then), ``WAIT`` or ``WAITAOF``
+refused by an ACL (one warning), a server without ``WAITAOF`` (before Redis 7.2 and Valkey
+8) or without an append-only file (one warning, replicas are still asked).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+
+from . import keys
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+__all__ = ['Confirmation', 'Durability']
+
+logger = logging.getLogger('rq_epoch')
+
+#: Seconds a primary must have had no replica, as far as this process saw, before writes count
+#: as written without one. A primary that a failover just replaced (or a network cut off) has
+#: lost its replicas too: for that long, the worker keeps waiting and following the primary.
+ALONE_AFTER = 60.0
+
+#: Milliseconds the confirmation key lives (only so that it does not stay forever).
+_CONFIRM_KEY_TTL_MS = 600_000
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What the server confirmed of the writes made before it."""
+
+    #: The writes count as written: enough replicas (and the disk, if asked) confirmed them,
+    #: or the setting cannot work on this server (``degraded``).
+    confirmed: bool
+    #: Replicas that confirmed (``WAIT``'s reply); None when not asked.
+    replicas: int | None = None
+    #: Whether the primary fsynced them (``WAITAOF``); None when not asked.
+    fsynced: bool | None = None
+    #: Replicas connected to the primary, read when too few confirmed; None when not read.
+    connected: int | None = None
+    #: Counted as written without a confirmation: no replica connected, or the server refused.
+    degraded: bool = False
+
+
+class Durability:
+    """Confirms writes as ``RQ_EPOCH_DURABLE_*`` asks; see the module's docstring.
+
+    ``replicas``: replicas that must confirm (0: none asked). ``timeout_ms``: how long one
+    confirmation waits for them. ``fsync``: also ask the primary to confirm its append-only
+    file has them on disk. ``log`` and ``name`` are for the one-line reports.
+    """
+
+    def __init__(
+        self,
+        replicas: int,
+        timeout_ms: int,
+        fsync: bool = False,
+        *,
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        name: str = '',
+    ) -> None:
+        self.replicas = replicas
+        self.timeout_ms = timeout_ms
+        self.fsync = fsync
+        self.log = log or logger
+        self.name = name
+        self._lock = threading.Lock()
+        self._wait_refused = False
+        self._waitaof_refused = False
+        self._alone = False
+        #: ``time.monotonic()`` when this process last saw a replica (confirming, or connected).
+        self._replicas_seen: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is asked at all (a replica count, or the disk)."""
+        return (self.replicas > 0 and not self._wait_refused) or (self.fsync and not self._waitaof_refused)
+
+    def _who(self) -> str:
+        return f'Worker {self.name}: ' if self.name else ''
+
+    def confirm(self, connection: Redis) -> Confirmation:
+        """Ask the server to confirm every write it applied so far; one round trip (two when
+        too few replicas confirmed: their number is read then).
+
+        Raises redis-py's connection errors as they come (the caller rides them out).
+        """
+        if not self.enabled:
+            return Confirmation(confirmed=True)
+        ask_replicas = self.replicas > 0 and not self._wait_refused
+        ask_disk = self.fsync and not self._waitaof_refused
+        with connection.pipeline(transaction=False) as pipeline:
+            pipeline.set(keys.confirm_key(), '1', px=_CONFIRM_KEY_TTL_MS)
+            if ask_replicas:
+                pipeline.execute_command('WAIT', self.replicas, self.timeout_ms)
+            if ask_disk:
+                pipeline.execute_command('WAITAOF', 1, 0, self.timeout_ms)
+            replies = pipeline.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            raise replies[0]  # the write itself was refused (an outage): nothing to confirm
+        index = 1
+        acked: int | None = None
+        fsynced: bool | None = None
+        if ask_replicas:
+            reply = replies[index]
+            index += 1
+            if isinstance(reply, redis.exceptions.ResponseError):
+                self._refused('WAIT', reply)
+            else:
+                acked = int(reply)
+        if ask_disk:
+            reply = replies[index]
+            if isinstance(reply, redis.exceptions.ResponseError):
+                self._refused('WAITAOF', reply)
+            else:
+                fsynced = int(reply[0]) >= 1
+        if fsynced is False:
+            return Confirmation(confirmed=False, replicas=acked, fsynced=False)
+        if acked is None or acked >= self.replicas:
+            self._alone = False
+            if acked:
+                self._replicas_seen = time.monotonic()
+            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced)
+        connected = int(connection.info('replication').get('connected_slaves', 0))
+        if connected:
+            self._replicas_seen = time.monotonic()
+        elif self._replicas_seen is not None and time.monotonic() - self._replicas_seen < ALONE_AFTER:
+            # Replicas were there a moment ago: this primary may just have been replaced (a
+            # promoted replica leaves its old primary alone), or cut off. Not confirmed.
+            return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=0)
+        if connected == 0:
+            if not self._alone:
+                self._alone = True
+                self.log.warning(
+                    '%sno replica is connected to the primary: grants, outcomes and enqueues are not '
+                    'confirmed by a replica until one is (RQ_EPOCH_DURABLE_REPLICAS=%d)',
+                    self._who(),
+                    self.replicas,
+                )
+            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=0, degraded=True)
+        self._alone = False
+        if acked >= connected:
+            # Fewer replicas than asked are connected, and every one of them confirmed.
+            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, degraded=True)
+        return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=connected)
+
+    def _refused(self, command: str, error: redis.exceptions.ResponseError) -> None:
+        """The server refused ``WAIT`` or ``WAITAOF`` (an ACL, an old server, no AOF): say so once."""
+        with self._lock:
+            if command == 'WAIT':
+                self._wait_refused = True
+                consequence = 'grants, outcomes and enqueues are not confirmed by replicas'
+            else:
+                self._waitaof_refused = True
+                consequence = "they are not confirmed on the primary's disk"
+        self.log.warning('%sthe server refused %s (%s): %s', self._who(), command, error, consequence)
