@@ -60,9 +60,10 @@ def test_a_durable_enqueue_returns_once_a_replica_has_the_job_and_raises_when_no
 ) -> None:
     client = redis.Redis(host='127.0.0.1', port=pair.primary.port, protocol=protocol)
     replica = pair.replica.client()
-    queue = Queue('durable', connection=client, durable_replicas=1, durable_timeout=200)
-    job = queue.enqueue('tests.jobs.add', 1, 2)
+    patient = Queue('durable', connection=client, durable_replicas=1, durable_timeout=10_000)
+    job = patient.enqueue('tests.jobs.add', 1, 2)
     assert replica.exists(job.key) == 1  # confirmed: the replica had it when enqueue returned
+    queue = Queue('durable', connection=client, durable_replicas=1, durable_timeout=200)
     pair.proxy.hold_downstream()
     with pytest.raises(EnqueueNotConfirmed) as unconfirmed:
         queue.enqueue('tests.jobs.add', 3, 4, job_id='not-confirmed')

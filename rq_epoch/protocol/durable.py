@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from . import keys
+from ..compat import text
+from . import keys, scripts
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -63,6 +64,9 @@ class Confirmation:
     connected: int | None = None
     #: Counted as written without a confirmation: no replica connected, or the server refused.
     degraded: bool = False
+    #: The server that confirmed, ``<run_id>:<master_replid>`` ('' when nothing was asked): a
+    #: confirmation from another server than the one a write went to says nothing about it.
+    server: str = ''
 
 
 class Durability:
@@ -103,8 +107,10 @@ class Durability:
         return f'Worker {self.name}: ' if self.name else ''
 
     def confirm(self, connection: Redis) -> Confirmation:
-        """Ask the server to confirm every write it applied so far; one round trip (two when
-        too few replicas confirmed: their number is read then).
+        """Ask the server to confirm every write it applied so far: one round trip (the
+        ``confirm`` script, ``WAIT``, ``WAITAOF``). The reply names the server
+        (:attr:`Confirmation.server`), so that a caller can tell a confirmation from another
+        primary than the one its write went to.
 
         Raises redis-py's connection errors as they come (the caller rides them out).
         """
@@ -112,15 +118,26 @@ class Durability:
             return Confirmation(confirmed=True)
         ask_replicas = self.replicas > 0 and not self._wait_refused
         ask_disk = self.fsync and not self._waitaof_refused
-        with connection.pipeline(transaction=False) as pipeline:
-            pipeline.set(keys.confirm_key(), '1', px=_CONFIRM_KEY_TTL_MS)
-            if ask_replicas:
-                pipeline.execute_command('WAIT', self.replicas, self.timeout_ms)
-            if ask_disk:
-                pipeline.execute_command('WAITAOF', 1, 0, self.timeout_ms)
-            replies = pipeline.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]  # the write itself was refused (an outage): nothing to confirm
+        for _ in range(2):
+            with connection.pipeline(transaction=False) as pipeline:
+                scripts.confirm().queue(pipeline, [keys.confirm_key()], [_CONFIRM_KEY_TTL_MS])
+                if ask_replicas:
+                    pipeline.execute_command('WAIT', self.replicas, self.timeout_ms)
+                if ask_disk:
+                    pipeline.execute_command('WAITAOF', 1, 0, self.timeout_ms)
+                replies = pipeline.execute(raise_on_error=False)
+            if not isinstance(replies[0], redis.exceptions.NoScriptError):
+                break
+            scripts.load_all(connection)  # the server restarted since: nothing was confirmed
+        first = replies[0]
+        if isinstance(first, redis.exceptions.NoPermissionError) or 'NOPERM' in str(first):
+            self._refused('EVALSHA', first)  # an ACL without the script: nothing can be confirmed
+            return Confirmation(confirmed=True, degraded=True)
+        if isinstance(first, Exception):
+            if isinstance(first, redis.exceptions.ResponseError):
+                scripts.raise_typed(first)  # EPOCH_UNAVAILABLE (INFO refused), or another error
+            raise first  # the write itself was refused (an outage): nothing to confirm
+        server, connected = text(first[0]), int(first[1])
         index = 1
         acked: int | None = None
         fsynced: bool | None = None
@@ -137,21 +154,18 @@ class Durability:
                 self._refused('WAITAOF', reply)
             else:
                 fsynced = int(reply[0]) >= 1
+        if connected or acked:
+            self._replicas_seen = time.monotonic()
         if fsynced is False:
-            return Confirmation(confirmed=False, replicas=acked, fsynced=False)
+            return Confirmation(confirmed=False, replicas=acked, fsynced=False, connected=connected, server=server)
         if acked is None or acked >= self.replicas:
             self._alone = False
-            if acked:
-                self._replicas_seen = time.monotonic()
-            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced)
-        connected = int(connection.info('replication').get('connected_slaves', 0))
-        if connected:
-            self._replicas_seen = time.monotonic()
-        elif self._replicas_seen is not None and time.monotonic() - self._replicas_seen < ALONE_AFTER:
-            # Replicas were there a moment ago: this primary may just have been replaced (a
-            # promoted replica leaves its old primary alone), or cut off. Not confirmed.
-            return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=0)
+            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, server=server)
         if connected == 0:
+            if self._replicas_seen is not None and time.monotonic() - self._replicas_seen < ALONE_AFTER:
+                # Replicas were there a moment ago: this primary may just have been replaced (a
+                # promoted replica leaves its old primary alone), or cut off. Not confirmed.
+                return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=0, server=server)
             if not self._alone:
                 self._alone = True
                 self.log.warning(
@@ -160,17 +174,24 @@ class Durability:
                     self._who(),
                     self.replicas,
                 )
-            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=0, degraded=True)
+            return Confirmation(
+                confirmed=True, replicas=acked, fsynced=fsynced, connected=0, degraded=True, server=server
+            )
         self._alone = False
         if acked >= connected:
             # Fewer replicas than asked are connected, and every one of them confirmed.
-            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, degraded=True)
-        return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=connected)
+            return Confirmation(
+                confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, degraded=True, server=server
+            )
+        return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=connected, server=server)
 
     def _refused(self, command: str, error: redis.exceptions.ResponseError) -> None:
         """The server refused ``WAIT`` or ``WAITAOF`` (an ACL, an old server, no AOF): say so once."""
         with self._lock:
-            if command == 'WAIT':
+            if command == 'EVALSHA':
+                self._wait_refused = self._waitaof_refused = True
+                consequence = 'grants, outcomes and enqueues are not confirmed at all'
+            elif command == 'WAIT':
                 self._wait_refused = True
                 consequence = 'grants, outcomes and enqueues are not confirmed by replicas'
             else:

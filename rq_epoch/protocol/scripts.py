@@ -32,6 +32,7 @@ __all__ = [
     'ServerScript',
     'claim',
     'commit',
+    'confirm',
     'extend',
     'grant',
     'raise_typed',
@@ -130,9 +131,10 @@ commit = _verb('commit')
 take = _verb('take')
 watch = _verb('watch')
 ticket = _verb('ticket')
+confirm = _verb('confirm')
 
 
 def load_all(connection: Redis) -> None:
     """Load every script (a worker does this at start and after the server returns)."""
-    for script in (grant(), extend(), sweep(), rescue(), claim(), commit(), take(), watch(), ticket()):
+    for script in (grant(), extend(), sweep(), rescue(), claim(), commit(), take(), watch(), ticket(), confirm()):
         script.load(connection)

@@ -141,13 +141,21 @@ def confirm_grant(
     waiting_since = time.monotonic()
     next_beat = waiting_since + heartbeat_every
     said = False
+    granted_on = ''  # the server the grant went to, as the first confirmation names it
     for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
+        elsewhere = False
         try:
-            if durability.confirm(connection).confirmed:
-                break
+            confirmation = durability.confirm(connection)
         except CONNECTION_ERRORS:
             pass  # the primary is going away: follow it, and look for the lease there
-        moved = follow()
+        else:
+            granted_on = granted_on or confirmation.server
+            # The connection may have reached another primary by itself: its confirmation is
+            # not the grant's; the fence's check below tells whether the lease is there.
+            elsewhere = bool(confirmation.server) and confirmation.server != granted_on
+            if confirmation.confirmed and not elsewhere:
+                break
+        moved = follow() or elsewhere
         try:
             refusal = fence.check(connection)
         except CONNECTION_ERRORS:

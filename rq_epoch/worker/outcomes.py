@@ -134,14 +134,23 @@ class OutcomeWriter:
         if durability is None or not durability.enabled:
             return None
         said = False
+        #: The server the outcome was written to, as the first confirmation names it.
+        written_on = ''
         for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
+            elsewhere = False
             try:
-                if durability.confirm(self.connection).confirmed:
+                confirmation = durability.confirm(self.connection)
+            except CONNECTION_ERRORS:
+                pass  # the primary is going away: follow it
+            else:
+                written_on = written_on or confirmation.server
+                # The connection may have reached another primary by itself (redis-py's Sentinel
+                # pool reconnects through the sentinels): that one's confirmation is not the outcome's.
+                elsewhere = bool(confirmation.server) and confirmation.server != written_on
+                if confirmation.confirmed and not elsewhere:
                     if said:
                         self.log.warning('Worker %s: the %s of job %s is confirmed', self.name, what, job.id)
                     return None
-            except CONNECTION_ERRORS:
-                pass  # the primary is going away: follow it
             if not said:
                 said = True
                 self.log.warning(
@@ -154,8 +163,9 @@ class OutcomeWriter:
                 )
             if time.monotonic() >= give_up:
                 break
-            if not self.moved():
+            if not self.moved() and not elsewhere:
                 continue
+            written_on = ''  # the next confirmation names the server it is written to now
             self.log.warning(
                 'Worker %s: the primary moved before a replica confirmed the %s of job %s; writing it again there',
                 self.name,
