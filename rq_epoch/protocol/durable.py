@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from ..compat import text
-from . import keys, scripts
+from . import keys, scripts, verbs
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -137,7 +136,8 @@ class Durability:
             if isinstance(first, redis.exceptions.ResponseError):
                 scripts.raise_typed(first)  # EPOCH_UNAVAILABLE (INFO refused), or another error
             raise first  # the write itself was refused (an outage): nothing to confirm
-        server, connected = text(first[0]), int(first[1])
+        written = verbs.ConfirmReply.read(first)
+        server, connected = written.server, written.connected
         index = 1
         acked: int | None = None
         fsynced: bool | None = None

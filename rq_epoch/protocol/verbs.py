@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     'CommitReply',
+    'ConfirmReply',
     'DeadLetterClaim',
     'ExtendReply',
     'GrantReply',
@@ -167,6 +168,25 @@ class CommitReply:
 def commit(connection: Redis, keys: list[str], args: list[Any]) -> CommitReply:
     """Run the commit script (KEYS and ARGV as in ``lua/commit.lua``)."""
     return CommitReply.read(scripts.commit()(connection, keys, args))
+
+
+# -- confirm -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfirmReply:
+    """What the confirm script wrote before ``WAIT`` (``lua/confirm.lua``): which server it ran on."""
+
+    #: ``<run_id>:<master_replid>``: the server process, and its term as primary.
+    server: str
+    #: Replicas connected to it when the script ran.
+    connected: int
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> ConfirmReply:
+        """Decode ``{server, connected}``."""
+        server, connected = raw
+        return cls(server=text(server), connected=int(connected))
 
 
 # -- claim -------------------------------------------------------------------------------
