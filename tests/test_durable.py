@@ -36,6 +36,12 @@ class Pair:
         self.replica.start()
         replica = self.replica.client()
         wait_for(lambda: replica.info('replication').get('master_link_status') == 'up', 30, what='the replica in sync')
+
+        def aof_written() -> bool:  # Redis 7.0 refuses to shut down while it writes its first AOF
+            info = replica.info('persistence')
+            return not info.get('aof_rewrite_in_progress') and not info.get('aof_rewrite_scheduled')
+
+        wait_for(aof_written, 30, what="the replica's append-only file written")
         replica.close()
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis.exceptions
 
@@ -39,10 +39,33 @@ __all__ = ['Confirmation', 'Durability']
 
 logger = logging.getLogger('rq_epoch')
 
-#: Seconds a primary must have had no replica, as far as this process saw, before writes count
-#: as written without one. A primary that a failover just replaced (or a network cut off) has
+#: Seconds a server process must have had no replica, as far as this process saw, before
+#: writes count as written without one. A primary that a failover just replaced (or a network cut off) has
 #: lost its replicas too: for that long, the worker keeps waiting and following the primary.
 ALONE_AFTER = 60.0
+
+
+class _Sightings:
+    """What this process saw of each server's replicas, shared by every :class:`Durability` in
+    it (a producer may make a new queue for each job), by server process (run_id): when it last
+    saw one connected, and whether it said it saw none."""
+
+    seen: ClassVar[dict[str, float]] = {}
+    alone: ClassVar[set[str]] = set()
+
+    @classmethod
+    def saw(cls, run_id: str) -> None:
+        cls.seen[run_id] = time.monotonic()
+        cls.alone.discard(run_id)
+        if len(cls.seen) > 64:  # servers this process no longer talks to
+            oldest = min(cls.seen, key=cls.seen.__getitem__)
+            del cls.seen[oldest]
+
+    @classmethod
+    def lately(cls, run_id: str) -> bool:
+        seen = cls.seen.get(run_id)
+        return seen is not None and time.monotonic() - seen < ALONE_AFTER
+
 
 #: Milliseconds the confirmation key lives (only so that it does not stay forever).
 _CONFIRM_KEY_TTL_MS = 600_000
@@ -93,9 +116,6 @@ class Durability:
         self._lock = threading.Lock()
         self._wait_refused = False
         self._waitaof_refused = False
-        self._alone = False
-        #: ``time.monotonic()`` when this process last saw a replica (confirming, or connected).
-        self._replicas_seen: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -154,20 +174,20 @@ class Durability:
                 self._refused('WAITAOF', reply)
             else:
                 fsynced = int(reply[0]) >= 1
+        run_id = server.split(':', 1)[0]
         if connected or acked:
-            self._replicas_seen = time.monotonic()
+            _Sightings.saw(run_id)
         if fsynced is False:
             return Confirmation(confirmed=False, replicas=acked, fsynced=False, connected=connected, server=server)
         if acked is None or acked >= self.replicas:
-            self._alone = False
             return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, server=server)
         if connected == 0:
-            if self._replicas_seen is not None and time.monotonic() - self._replicas_seen < ALONE_AFTER:
-                # Replicas were there a moment ago: this primary may just have been replaced (a
+            if _Sightings.lately(run_id):
+                # This server had replicas a moment ago: it may just have been replaced (a
                 # promoted replica leaves its old primary alone), or cut off. Not confirmed.
                 return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=0, server=server)
-            if not self._alone:
-                self._alone = True
+            if run_id not in _Sightings.alone:
+                _Sightings.alone.add(run_id)
                 self.log.warning(
                     '%sno replica is connected to the primary: grants, outcomes and enqueues are not '
                     'confirmed by a replica until one is (RQ_EPOCH_DURABLE_REPLICAS=%d)',
@@ -177,7 +197,6 @@ class Durability:
             return Confirmation(
                 confirmed=True, replicas=acked, fsynced=fsynced, connected=0, degraded=True, server=server
             )
-        self._alone = False
         if acked >= connected:
             # Fewer replicas than asked are connected, and every one of them confirmed.
             return Confirmation(
