@@ -86,9 +86,11 @@ class Confirmation:
     connected: int | None = None
     #: Counted as written without a confirmation: no replica connected, or the server refused.
     degraded: bool = False
-    #: The server that confirmed, ``<run_id>:<master_replid>`` ('' when nothing was asked): a
-    #: confirmation from another server than the one a write went to says nothing about it.
+    #: The server that confirmed, ``<run_id>:<master_replid>`` ('' when nothing was asked).
     server: str = ''
+    #: What the fence's check (``check`` of :meth:`Durability.confirm`) found on that server;
+    #: None when none was asked or it could not run.
+    check: verbs.CommitReply | None = None
 
 
 class Durability:
@@ -125,11 +127,15 @@ class Durability:
     def _who(self) -> str:
         return f'Worker {self.name}: ' if self.name else ''
 
-    def confirm(self, connection: Redis) -> Confirmation:
+    def confirm(self, connection: Redis, check: tuple[list[str], list[Any]] | None = None) -> Confirmation:
         """Ask the server to confirm every write it applied so far: one round trip (the
-        ``confirm`` script, ``WAIT``, ``WAITAOF``). The reply names the server
-        (:attr:`Confirmation.server`), so that a caller can tell a confirmation from another
-        primary than the one its write went to.
+        ``confirm`` script, ``WAIT``, ``WAITAOF``).
+
+        ``check``: KEYS and ARGV of a ``commit`` script call in check-only mode (an
+        execution's fence, see :meth:`rq_epoch.worker.fence.Fence.check`), sent last in the
+        same round trip, so on the same server as the confirmation: whether the write to
+        confirm is on *this* server at all (the connection may have reached a new primary by
+        itself since the write). Its reply is :attr:`Confirmation.check`.
 
         Raises redis-py's connection errors as they come (the caller rides them out).
         """
@@ -144,6 +150,8 @@ class Durability:
                     pipeline.execute_command('WAIT', self.replicas, self.timeout_ms)
                 if ask_disk:
                     pipeline.execute_command('WAITAOF', 1, 0, self.timeout_ms)
+                if check is not None:
+                    scripts.commit().queue(pipeline, *check)
                 replies = pipeline.execute(raise_on_error=False)
             if not isinstance(replies[0], redis.exceptions.NoScriptError):
                 break
@@ -158,6 +166,9 @@ class Durability:
             raise first  # the write itself was refused (an outage): nothing to confirm
         written = verbs.ConfirmReply.read(first)
         server, connected = written.server, written.connected
+        checked: verbs.CommitReply | None = None
+        if check is not None and not isinstance(replies[-1], Exception):
+            checked = verbs.CommitReply.read(replies[-1])
         index = 1
         acked: int | None = None
         fsynced: bool | None = None
@@ -178,14 +189,20 @@ class Durability:
         if connected or acked:
             _Sightings.saw(run_id)
         if fsynced is False:
-            return Confirmation(confirmed=False, replicas=acked, fsynced=False, connected=connected, server=server)
+            return Confirmation(
+                confirmed=False, replicas=acked, fsynced=False, connected=connected, server=server, check=checked
+            )
         if acked is None or acked >= self.replicas:
-            return Confirmation(confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, server=server)
+            return Confirmation(
+                confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, server=server, check=checked
+            )
         if connected == 0:
             if _Sightings.lately(run_id):
                 # This server had replicas a moment ago: it may just have been replaced (a
                 # promoted replica leaves its old primary alone), or cut off. Not confirmed.
-                return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=0, server=server)
+                return Confirmation(
+                    confirmed=False, replicas=acked, fsynced=fsynced, connected=0, server=server, check=checked
+                )
             if run_id not in _Sightings.alone:
                 _Sightings.alone.add(run_id)
                 self.log.warning(
@@ -195,14 +212,28 @@ class Durability:
                     self.replicas,
                 )
             return Confirmation(
-                confirmed=True, replicas=acked, fsynced=fsynced, connected=0, degraded=True, server=server
+                confirmed=True,
+                replicas=acked,
+                fsynced=fsynced,
+                connected=0,
+                degraded=True,
+                server=server,
+                check=checked,
             )
         if acked >= connected:
             # Fewer replicas than asked are connected, and every one of them confirmed.
             return Confirmation(
-                confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, degraded=True, server=server
+                confirmed=True,
+                replicas=acked,
+                fsynced=fsynced,
+                connected=connected,
+                degraded=True,
+                server=server,
+                check=checked,
             )
-        return Confirmation(confirmed=False, replicas=acked, fsynced=fsynced, connected=connected, server=server)
+        return Confirmation(
+            confirmed=False, replicas=acked, fsynced=fsynced, connected=connected, server=server, check=checked
+        )
 
     def _refused(self, command: str, error: redis.exceptions.ResponseError) -> None:
         """The server refused ``WAIT`` or ``WAITAOF`` (an ACL, an old server, no AOF): say so once."""

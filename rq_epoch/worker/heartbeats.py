@@ -126,12 +126,11 @@ def confirm_grant(
 ) -> OutcomeRefused | None:
     """Wait until replicas confirm the grant of ``fence``'s execution, before its job runs.
 
-    Returns None once the grant is confirmed (or counts as written, see
-    :class:`~rq_epoch.protocol.durable.Durability`), or once the primary moved and the new
-    one holds this execution's lease (the grant reached it before the failover). Returns the
-    fence's refusal when the grant is lost: the server the worker talks to now does not
-    hold this execution's lease (a failover lost it, and the job waits in its queue there;
-    or a sweep took it): the job must not run; it runs again from where it waits, once.
+    Each confirmation carries the fence's check, on the same server: returns None once a
+    server that holds this execution's lease confirmed it (or counts as written, see
+    :class:`~rq_epoch.protocol.durable.Durability`), and the fence's refusal when the server
+    the worker talks to does not hold it (a failover lost the grant, and the job waits in its
+    queue there; or a sweep took it): the job must not run; it runs from where it waits, once.
 
     While it waits, ``follow()`` moves the worker to a new primary (True when it moved) and
     ``heartbeat()`` extends the lease every ``heartbeat_every`` seconds, so that no sweep
@@ -141,39 +140,28 @@ def confirm_grant(
     waiting_since = time.monotonic()
     next_beat = waiting_since + heartbeat_every
     said = False
-    granted_on = ''  # the server the grant went to, as the first confirmation names it
+    check = (fence.script_keys, fence.script_args('0', 0))
     for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
-        elsewhere = False
         try:
-            confirmation = durability.confirm(connection)
+            confirmation = durability.confirm(connection, check)
         except CONNECTION_ERRORS:
-            pass  # the primary is going away: follow it, and look for the lease there
-        else:
-            granted_on = granted_on or confirmation.server
-            # The connection may have reached another primary by itself: its confirmation is
-            # not the grant's; the fence's check below tells whether the lease is there.
-            elsewhere = bool(confirmation.server) and confirmation.server != granted_on
-            if confirmation.confirmed and not elsewhere:
-                break
-        moved = follow() or elsewhere
-        try:
-            refusal = fence.check(connection)
-        except CONNECTION_ERRORS:
-            refusal = None
+            confirmation = None  # the primary is going away: follow it, and look for the lease there
             time.sleep(0.1)
-        else:
-            if refusal is not None:
-                log.warning(
-                    'Worker %s: the grant of job %s to execution %s was lost before a replica confirmed it (%s); '
-                    'not running it here',
-                    name,
-                    fence.job_id,
-                    fence.execution_id,
-                    refusal.describe(),
-                )
-                return refusal
-            if moved:
-                break  # the new primary holds the lease: the grant reached it
+        here = confirmation.check if confirmation is not None else None
+        if here is not None and not here.lands:
+            # The server that answered (the primary now) does not hold this execution's lease.
+            refusal = fence.refusal(here)
+            log.warning(
+                'Worker %s: the grant of job %s to execution %s was lost before a replica confirmed it (%s); '
+                'not running it here',
+                name,
+                fence.job_id,
+                fence.execution_id,
+                refusal.describe(),
+            )
+            return refusal
+        if confirmation is not None and confirmation.confirmed and (here is None or here.leased):
+            break  # the lease is on the server that confirmed it
         if not said:
             said = True
             log.warning(
@@ -182,6 +170,7 @@ def confirm_grant(
                 fence.job_id,
                 durability.timeout_ms,
             )
+        follow()
         now = time.monotonic()
         if now >= give_up:
             log.warning(
@@ -191,14 +180,12 @@ def confirm_grant(
                 now - waiting_since,
             )
             return None
-        if now >= next_beat:
+        if now >= next_beat and here is not None and here.leased:
             next_beat = now + heartbeat_every
             try:
-                reply = heartbeat()
+                heartbeat()  # the lease is here: keep it while its replicas catch up
             except CONNECTION_ERRORS:
                 continue
-            if not reply.extended:
-                continue  # the next check of the fence tells why
     if said:
         log.warning(
             'Worker %s: the grant of job %s confirmed after %.1fs; running it',

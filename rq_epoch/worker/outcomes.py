@@ -134,20 +134,21 @@ class OutcomeWriter:
         if durability is None or not durability.enabled:
             return None
         said = False
-        #: The server the outcome was written to, as the first confirmation names it.
-        written_on = ''
+        fence = getattr(job, 'fence', None)
+        check = (fence.script_keys, fence.script_args('0', 0)) if fence is not None else None
         for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
-            elsewhere = False
+            rewrite = False
             try:
-                confirmation = durability.confirm(self.connection)
+                confirmation = durability.confirm(self.connection, check)
             except CONNECTION_ERRORS:
                 pass  # the primary is going away: follow it
             else:
-                written_on = written_on or confirmation.server
-                # The connection may have reached another primary by itself (redis-py's Sentinel
-                # pool reconnects through the sentinels): that one's confirmation is not the outcome's.
-                elsewhere = bool(confirmation.server) and confirmation.server != written_on
-                if confirmation.confirmed and not elsewhere:
+                here = confirmation.check
+                # The fence's check ran on the server that confirmed: this execution still holds
+                # the lease there, so the outcome is not there (the connection reached a new
+                # primary, by the watch or by itself, that never got it): write it again there.
+                rewrite = here is not None and here.lands and here.leased
+                if confirmation.confirmed and not rewrite:
                     if said:
                         self.log.warning('Worker %s: the %s of job %s is confirmed', self.name, what, job.id)
                     return None
@@ -163,9 +164,8 @@ class OutcomeWriter:
                 )
             if time.monotonic() >= give_up:
                 break
-            if not self.moved() and not elsewhere:
+            if not rewrite and not self.moved():
                 continue
-            written_on = ''  # the next confirmation names the server it is written to now
             self.log.warning(
                 'Worker %s: the primary moved before a replica confirmed the %s of job %s; writing it again there',
                 self.name,
