@@ -13,9 +13,12 @@ replication stream is one ordered stream, so a replica that has that write has e
 the primary applied before it. The write, ``WAIT`` and ``WAITAOF`` go in one round trip.
 
 Where the setting cannot work, :class:`Durability` says so once and goes on as without it:
-no replica connected, and none seen by this process for :data:`ALONE_AFTER` seconds (one
-line, again each time they all went away; a primary that lost its replicas a moment ago may
-have been replaced, so the worker keeps waiting and following the primary until then), ``WAIT`` or ``WAITAOF``
+no replica connected, none seen on that server process by this process for
+:data:`ALONE_AFTER` seconds, and the server not promoted from a replica in the last
+:data:`ALONE_AFTER` seconds (one line, again each time they all went away; a primary that lost
+its replicas a moment ago may have been replaced, and one promoted a moment ago has its old
+primary on its way back as its replica, so the worker keeps waiting and following the primary
+until then), ``WAIT`` or ``WAITAOF``
 refused by an ACL (one warning), a server without ``WAITAOF`` (before Redis 7.2 and Valkey
 8) or without an append-only file (one warning, replicas are still asked).
 """
@@ -145,7 +148,9 @@ class Durability:
         ask_disk = self.fsync and not self._waitaof_refused
         for _ in range(2):
             with connection.pipeline(transaction=False) as pipeline:
-                scripts.confirm().queue(pipeline, [keys.confirm_key()], [_CONFIRM_KEY_TTL_MS])
+                scripts.confirm().queue(
+                    pipeline, [keys.confirm_key(), keys.primaries_key()], [_CONFIRM_KEY_TTL_MS, int(ALONE_AFTER)]
+                )
                 if ask_replicas:
                     pipeline.execute_command('WAIT', self.replicas, self.timeout_ms)
                 if ask_disk:
@@ -197,9 +202,11 @@ class Durability:
                 confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, server=server, check=checked
             )
         if connected == 0:
-            if _Sightings.lately(run_id):
+            if _Sightings.lately(run_id) or not written.settled:
                 # This server had replicas a moment ago: it may just have been replaced (a
-                # promoted replica leaves its old primary alone), or cut off. Not confirmed.
+                # promoted replica leaves its old primary alone), or cut off; or it was itself
+                # promoted a moment ago, and its old primary may be on its way back as its
+                # replica (or another failover may take it over). Not confirmed.
                 return Confirmation(
                     confirmed=False, replicas=acked, fsynced=fsynced, connected=0, server=server, check=checked
                 )

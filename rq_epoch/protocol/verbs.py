@@ -181,12 +181,15 @@ class ConfirmReply:
     server: str
     #: Replicas connected to it when the script ran.
     connected: int
+    #: False for a primary promoted (from a replica) so lately that having no replica says
+    #: nothing yet: its old primary may be on its way back as its replica.
+    settled: bool = True
 
     @classmethod
     def read(cls, raw: Sequence[Any]) -> ConfirmReply:
-        """Decode ``{server, connected}``."""
-        server, connected = raw
-        return cls(server=text(server), connected=int(connected))
+        """Decode ``{server, connected, settled}``."""
+        server, connected, settled = raw
+        return cls(server=text(server), connected=int(connected), settled=int(settled) == 1)
 
 
 # -- claim -------------------------------------------------------------------------------
