@@ -280,3 +280,30 @@ def test_a_commit_the_server_refuses_for_want_of_replicas_is_an_outage_and_lands
     assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
     assert conn.hget(job.key, 'stale_outcomes') is None
     conn.close()
+
+
+def test_a_grant_whose_take_this_server_never_saw_takes_the_job_off_its_queue(conn) -> None:
+    """A failover lost the take (RQ's BLMOVE into the intermediate list), and the worker granted
+    on the new primary: the job still waits in its queue there. The grant takes it off the queue
+    with the lease, atomically, so that no other worker runs it beside this execution; a job
+    whose take's entry is there keeps the rest of its queue as it was."""
+    from rq_epoch.jobs.job import StartedJobRegistry
+
+    queue = Queue('default', connection=conn)
+    registry = StartedJobRegistry('default', connection=conn)
+    lost = queue.enqueue('tests.jobs.add', 1, 2)
+    other = queue.enqueue('tests.jobs.add', 3, 4)
+    reply = verbs.grant(conn, registry.grant_keys(lost.id), [lost.id, 60, 'e1', keys.PREFIX])
+    assert reply.granted
+    assert conn.lrange(queue.key, 0, -1) == [other.id.encode()]  # off the queue, with its lease
+    assert conn.zscore(keys.leases_key('default'), lost.id) is not None
+    # The usual case: the take moved it into the intermediate list; the queue is not touched.
+    conn.lrem(queue.key, 0, other.id)
+    conn.rpush(keys.intermediate_key('default'), other.id)
+    third = queue.enqueue('tests.jobs.add', 5, 6)
+    verbs.grant(conn, registry.grant_keys(other.id), [other.id, 60, 'e2', keys.PREFIX])
+    assert conn.lrange(keys.intermediate_key('default'), 0, -1) == []
+    assert conn.lrange(queue.key, 0, -1) == [third.id.encode()]
+    # The outcome of the execution that holds the lease lands; the job can be taken from nowhere.
+    _outcome(conn, Fence('default', lost.id, 'e1'))
+    assert conn.hget(lost.key, 'status') == b'finished'

@@ -371,7 +371,8 @@ class StartedJobRegistry(RQStartedJobRegistry):
 
         Besides the lease and the job, the grant removes the job's entry from RQ's
         intermediate list (where the take left it) and its first sighting by a sweep, and
-        RQ's registry entry of the execution whose lease it replaces, if any.
+        RQ's registry entry of the execution whose lease it replaces, if any; when the
+        take's entry is missing (a failover lost the take), the job's entry in its queue.
         """
         return [
             self.leases_key,
@@ -379,6 +380,7 @@ class StartedJobRegistry(RQStartedJobRegistry):
             keys.intermediate_key(self.name),
             keys.limbo_key(self.name),
             self.key,
+            keys.queue_key(self.name),
         ]
 
     def remove_execution(
