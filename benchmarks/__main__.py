@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from . import fleet, heartbeat, memory, pickup, report, sweep_latency, sweep_vs_cleanup, worker_throughput
+from . import durable, fleet, heartbeat, memory, pickup, report, sweep_latency, sweep_vs_cleanup, worker_throughput
 
-MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, heartbeat, memory, pickup, fleet)
+MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, durable, heartbeat, memory, pickup, fleet)
 
 
 def main(argv: list[str] | None = None) -> int:
