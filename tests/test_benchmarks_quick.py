@@ -108,6 +108,7 @@ def test_report_renders_every_section(results_dir: Path) -> None:
         '### Sweep vs stock cleanup',
         '### What a cleanup does to other clients',
         '### Worker throughput',
+        '### Durable grants and outcomes',
         '### Heartbeats',
         '### Server memory per running job',
         "### Time until a dead worker's job runs again",
