@@ -237,3 +237,53 @@ def test_a_callback_runs_once_after_replicas_confirm_the_outcome(pair: Pair, tmp
     finally:
         if proc.poll() is None:
             worker.kill()
+
+
+@pytest.mark.parametrize('pair', ['valkey'], indirect=True)
+@pytest.mark.parametrize('worker_class', ['rq_epoch.Worker', 'rq_epoch.SpawnWorker'])
+def test_a_grant_lost_before_a_replica_confirmed_it_is_not_worked_on(
+    pair: Pair, tmp_path: Path, worker_class: str
+) -> None:
+    """A real ``rq worker`` with the setting, forked or spawned work-horse alike: while the
+    replication link is held the grant waits for its confirmation; another execution is then
+    granted the job (as on a primary that never received this grant), and the job is not run."""
+    client = pair.primary.client()
+    path = tmp_path / 'ran.log'
+    job = Queue('lost-grant', connection=client).enqueue('tests.jobs.record', str(path), 'ran')
+    env = {
+        **os.environ,
+        'PYTHONPATH': str(ROOT),
+        'RQ_EPOCH_DURABLE_REPLICAS': '1',
+        'RQ_EPOCH_DURABLE_TIMEOUT': '200',
+    }
+    log = tmp_path / 'worker.log'
+    argv = [
+        sys.executable,
+        '-m',
+        'rq.cli',
+        'worker',
+        '--burst',
+        '-u',
+        pair.primary.url,
+        '-w',
+        worker_class,
+        'lost-grant',
+    ]
+    pair.proxy.hold_downstream()
+    with open(log, 'wb') as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    worker = WorkerProcess(proc, log)
+    try:
+        wait_for(
+            lambda: f'no replica confirmed the grant of job {job.id}' in worker.output(),
+            60,
+            what='the grant waiting for its confirmation',
+        )
+        client.hset(job.key, 'lease_execution', 'another-execution')
+        proc.wait(60)
+        output = worker.output()
+        assert f'job {job.id} not run: its grant was lost before a replica confirmed it' in output, output
+        assert not path.exists(), output
+    finally:
+        if proc.poll() is None:
+            worker.kill()
