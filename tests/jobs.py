@@ -86,3 +86,13 @@ def raise_connection_error() -> None:
     import redis
 
     raise redis.exceptions.ConnectionError('raised by the job function')
+
+
+def on_success_record_file(job, connection, result) -> None:  # noqa: ANN001 - RQ's callback signature
+    """Record the callback in ``<the job's path argument>.callback``."""
+    record(f'{job.args[0]}.callback', f'on_success {job.id}')
+
+
+def on_failure_record_file(job, connection, typ, value, tb) -> None:  # noqa: ANN001 - RQ's callback signature
+    """Record the callback in ``<the job's path argument>.callback``."""
+    record(f'{job.args[0]}.callback', f'on_failure {job.id}')

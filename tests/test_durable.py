@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from rq import Callback
 
 from rq_epoch import EnqueueNotConfirmed, Job, Queue
 from rq_epoch.embedded import EmbeddedServer
@@ -175,3 +176,114 @@ def test_a_worker_with_the_setting_and_no_replica_runs_its_jobs_and_says_so_once
         assert worker.output().count('no replica is connected') == 1, worker.output()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize('ending', ['success', 'failure'])
+def test_a_callback_runs_once_after_replicas_confirm_the_outcome(pair: Pair, tmp_path: Path, ending: str) -> None:
+    """A real ``rq worker`` with the setting: the job's outcome lands on the primary while the
+    replication link is held; its ``on_success`` / ``on_failure`` callback waits for the
+    confirmation, then runs once."""
+    client = pair.primary.client()
+    path, release = tmp_path / f'{ending}.log', tmp_path / f'{ending}.release'
+    callback_log = Path(f'{path}.callback')
+    queue = Queue('deferred', connection=client)
+    if ending == 'success':
+        job = queue.enqueue(
+            'tests.jobs.wait_for_file_then_record',
+            str(path),
+            'run',
+            str(release),
+            on_success=Callback('tests.jobs.on_success_record_file'),
+        )
+    else:
+        job = queue.enqueue(
+            'tests.jobs.fail_after_file',
+            str(path),
+            'run',
+            str(release),
+            on_failure=Callback('tests.jobs.on_failure_record_file'),
+        )
+    env = {
+        **os.environ,
+        'PYTHONPATH': str(ROOT),
+        'RQ_EPOCH_DURABLE_REPLICAS': '1',
+        'RQ_EPOCH_DURABLE_TIMEOUT': '200',
+    }
+    log = tmp_path / 'worker.log'
+    argv = [
+        sys.executable, '-m', 'rq.cli', 'worker', '--burst', '-u', pair.primary.url, '-w', 'rq_epoch.Worker', 'deferred'
+    ]  # fmt: skip
+    with open(log, 'wb') as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    worker = WorkerProcess(proc, log)
+    try:
+        wait_for(path.exists, 60, what='the job running (its grant confirmed)')
+        pair.proxy.hold_downstream()
+        release.touch()
+        expected = 'finished' if ending == 'success' else 'failed'
+        wait_for(lambda: Job.fetch(job.id, connection=client).get_status() == expected, 60, what='the outcome')
+        wait_for(
+            lambda: f'no replica confirmed the {ending} of job {job.id}' in worker.output(),
+            60,
+            what='the worker waiting for the confirmation',
+        )
+        assert not callback_log.exists(), worker.output()
+        pair.proxy.release_downstream()
+        proc.wait(60)
+        assert callback_log.read_text().split()[:2] == [f'on_{ending}', job.id]
+        assert len(callback_log.read_text().splitlines()) == 1, worker.output()
+        output = worker.output()
+        assert f'the {ending} of job {job.id} is confirmed' in output, output
+    finally:
+        if proc.poll() is None:
+            worker.kill()
+
+
+@pytest.mark.parametrize('pair', ['valkey'], indirect=True)
+@pytest.mark.parametrize('worker_class', ['rq_epoch.Worker', 'rq_epoch.SpawnWorker'])
+def test_a_grant_lost_before_a_replica_confirmed_it_is_not_worked_on(
+    pair: Pair, tmp_path: Path, worker_class: str
+) -> None:
+    """A real ``rq worker`` with the setting, forked or spawned work-horse alike: while the
+    replication link is held the grant waits for its confirmation; another execution is then
+    granted the job (as on a primary that never received this grant), and the job is not run."""
+    client = pair.primary.client()
+    path = tmp_path / 'ran.log'
+    job = Queue('lost-grant', connection=client).enqueue('tests.jobs.record', str(path), 'ran')
+    env = {
+        **os.environ,
+        'PYTHONPATH': str(ROOT),
+        'RQ_EPOCH_DURABLE_REPLICAS': '1',
+        'RQ_EPOCH_DURABLE_TIMEOUT': '200',
+    }
+    log = tmp_path / 'worker.log'
+    argv = [
+        sys.executable,
+        '-m',
+        'rq.cli',
+        'worker',
+        '--burst',
+        '-u',
+        pair.primary.url,
+        '-w',
+        worker_class,
+        'lost-grant',
+    ]
+    pair.proxy.hold_downstream()
+    with open(log, 'wb') as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    worker = WorkerProcess(proc, log)
+    try:
+        wait_for(
+            lambda: f'no replica confirmed the grant of job {job.id}' in worker.output(),
+            60,
+            what='the grant waiting for its confirmation',
+        )
+        client.hset(job.key, 'lease_execution', 'another-execution')
+        proc.wait(60)
+        output = worker.output()
+        assert f'job {job.id} not run: its grant was lost before a replica confirmed it' in output, output
+        assert not path.exists(), output
+    finally:
+        if proc.poll() is None:
+            worker.kill()

@@ -6,6 +6,8 @@ The two are one module because each names the other: a job registers its executi
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -112,6 +114,13 @@ class EpochJobMixin(_MixinBase):
     #: True when the grant of this process's execution was lost before a replica confirmed
     #: it (``RQ_EPOCH_DURABLE_REPLICAS``): the worker does not run the job.
     grant_lost: bool = False
+    #: Set by rq-epoch's workers when outcomes are confirmed by replicas
+    #: (``RQ_EPOCH_DURABLE_REPLICAS``): the ``on_success`` / ``on_failure`` callback is not run
+    #: where RQ calls it, before the outcome is written, but kept in :attr:`deferred_callback`
+    #: for the worker to run once the outcome is confirmed.
+    defer_callbacks: bool = False
+    #: The callback RQ called while :attr:`defer_callbacks` was set, with its arguments, and its name.
+    deferred_callback: tuple[str, Callable[[], Any]] | None = None
     _heartbeat_registry: StartedJobRegistry | None = None
     _callback_decisions: dict[tuple[str, str], bool] | None = None
     #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
@@ -128,6 +137,8 @@ class EpochJobMixin(_MixinBase):
         self.fence = None
         self.outcome_refused = False
         self.grant_lost = False
+        self.defer_callbacks = False
+        self.deferred_callback = None
         self._callback_decisions = {}
         super().__init__(*args, **kwargs)
 
@@ -224,15 +235,30 @@ class EpochJobMixin(_MixinBase):
         )
         return False
 
+    def _deferred(self, callback: Any, name: str) -> Any:
+        """``callback``, or, with :attr:`defer_callbacks`, a stand-in that keeps the call for later.
+
+        RQ calls the stand-in where it would call the callback (before the outcome is written);
+        the worker runs what it kept once replicas confirmed the outcome. A coroutine callback
+        is left to RQ, which refuses it.
+        """
+        if callback is None or not self.defer_callbacks or inspect.iscoroutinefunction(callback):
+            return callback
+
+        def keep(*args: Any) -> None:
+            self.deferred_callback = (name, functools.partial(callback, *args))
+
+        return keep
+
     @property
     def success_callback(self) -> Any:
         callback = super().success_callback
-        return callback if self._callback_allowed(callback, 'on_success') else None
+        return self._deferred(callback, 'on_success') if self._callback_allowed(callback, 'on_success') else None
 
     @property
     def failure_callback(self) -> Any:
         callback = super().failure_callback
-        return callback if self._callback_allowed(callback, 'on_failure') else None
+        return self._deferred(callback, 'on_failure') if self._callback_allowed(callback, 'on_failure') else None
 
     @property
     def stopped_callback(self) -> Any:

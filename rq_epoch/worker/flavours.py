@@ -54,6 +54,7 @@ from rq.worker import SpawnWorker as RQSpawnWorker
 from ..adapters import redis_py
 from ..adapters import rq as rq_adapter
 from ..errors import CONNECTION_ERRORS, ConfigurationError, RqEpochError
+from ..protocol.durable import Durability
 from ..protocol.server import read_epoch
 from .failover import _WatchedConnection, is_sentinel_managed
 from .outcomes import with_backoff
@@ -276,6 +277,10 @@ class SpawnWorker(Worker, RQSpawnWorker):
                 'queue_class': self.queue_class,
                 'serializer': rq_adapter.serializer_argument(self),
                 'job_id': job.id,
+                # A grant lost before a replica confirmed it (prepare_execution, in this process):
+                # the work-horse does not run the job, as a forked one does not.
+                'grant_lost': bool(getattr(job, 'grant_lost', False)),
+                'durability': (self.durability.replicas, self.durability.timeout_ms, self.durability.fsync),
                 'queue_name': queue.name,
                 'execution': {
                     'id': self.execution.id,
@@ -462,4 +467,7 @@ def _rebuild(spec: dict[str, Any], connection: Redis) -> tuple[Any, Any, Any, st
     execution.created_at, execution.last_heartbeat = made['created_at'], made['last_heartbeat']
     rq_adapter.attach_job(execution, job)  # the job as the worker's job class made it
     worker.execution = execution
+    job.grant_lost = spec['grant_lost']
+    # The worker's durability settings, keyword arguments included (find_by_key reads only the environment).
+    worker.durability = worker.outcomes.durability = Durability(*spec['durability'], log=worker.log, name=worker.name)
     return worker, job, queue, run_id

@@ -31,6 +31,7 @@ import redis.exceptions
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job as RQJob
 from rq.logutils import setup_loghandlers
+from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.worker import Worker as RQWorker
 from rq.worker_registration import clean_worker_registry
@@ -778,6 +779,9 @@ class Worker(RQWorker):
         if leased.fence is None and execution is not None and execution.job_id == job.id:
             leased.fence = Fence(job.origin, job.id, execution.id)
         leased.ride_out = lambda call: self.ride_out_before_function(job, call)
+        # Durable: on_success / on_failure run once the outcome is confirmed (see run_deferred_callback).
+        leased.defer_callbacks = self.durability.enabled
+        leased.deferred_callback = None
         self._horse_execution = execution
         return bool(super().perform_job(job, queue, *args, **kwargs))
 
@@ -911,11 +915,36 @@ class Worker(RQWorker):
             return
         rq_failure = super().handle_job_failure
         self.write_outcome(job, 'failure', lambda: rq_failure(job, *args, **kwargs))
+        self.run_deferred_callback(job)
 
     def handle_job_success(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Record a success as RQ does, fenced; rides out a server outage."""
         rq_success = super().handle_job_success
         self.write_outcome(job, 'success', lambda: rq_success(job, *args, **kwargs))
+        self.run_deferred_callback(job)
+
+    def run_deferred_callback(self, job: RQJob) -> None:
+        """Run the job's ``on_success`` / ``on_failure`` callback that durable mode kept back
+        (see :attr:`rq_epoch.EpochJobMixin.defer_callbacks`), now that its outcome is written and
+        confirmed; once, and not at all if the fence refused the outcome.
+
+        RQ runs a callback before it writes the outcome; kept back, it runs after: an error it
+        raises is logged and no longer changes the outcome. It runs under the callback's timeout.
+        """
+        if not isinstance(job, EpochJobMixin) or job.deferred_callback is None:
+            return
+        (name, callback), job.deferred_callback = job.deferred_callback, None
+        if job.outcome_refused:
+            self.log.info(
+                'Worker %s: not running the %s callback of job %s: its outcome was refused', self.name, name, job.id
+            )
+            return
+        timeout = job.success_callback_timeout if name == 'on_success' else job.failure_callback_timeout
+        try:
+            with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
+                callback()
+        except Exception:
+            self.log.exception('Worker %s: the %s callback of job %s raised', self.name, name, job.id)
 
     def handle_job_retry(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
         """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
