@@ -33,6 +33,7 @@ from rq.worker import Worker as RQWorker
 from rq.worker import WorkerStatus
 
 import rq_epoch
+from rq_epoch import compat
 from rq_epoch.adapters import redis_py
 from rq_epoch.adapters import rq as rq_adapter
 from rq_epoch.embedded import EmbeddedServer
@@ -359,6 +360,26 @@ def test_a_workers_exception_handlers_are_read_and_given_to_another(conn) -> Non
     job, exc_info = _failing_job(conn)
     rebuilt.handle_exception(job, *exc_info)
     assert seen == [(job.id, ValueError)]
+
+
+def test_the_running_execution_is_read_from_memory_and_leaves_no_stale_cache(conn) -> None:
+    """Before an outcome the worker reads its execution; after it, RQ's worker names no job."""
+    queue = rq.Queue('default', connection=conn)
+    job = queue.enqueue('os.getpid')
+    worker = RQWorker([queue], connection=conn)
+    worker.register_birth()
+    assert rq_adapter.running_execution(worker) is None
+    execution = worker.prepare_execution(job)
+    assert rq_adapter.running_execution(worker) == execution
+    with conn.pipeline() as pipeline:
+        if compat.CLEANUP_TAKES_EXECUTION:
+            worker.cleanup_execution(job, pipeline=pipeline, execution=execution)
+        else:
+            worker.cleanup_execution(job, pipeline=pipeline)
+            worker.execution = None  # RQ 2's worker lets go of it after the outcome's transaction
+        pipeline.execute()
+    assert rq_adapter.running_execution(worker) is None
+    assert worker.get_current_job_id() is None
 
 
 def test_a_warm_stop_requested_while_busy_is_seen(conn) -> None:

@@ -178,6 +178,21 @@ def stop_requested(worker: BaseWorker) -> bool:
     return bool(worker._stop_requested)
 
 
+def running_execution(worker: BaseWorker) -> Execution | None:
+    """The execution this worker process holds in memory now, or None; never read from the server.
+
+    RQ 3's ``worker.execution`` falls back, when the worker holds none, to the worker's
+    execution index in the server, and caches what it read there (``_executions``): read in
+    the middle of an outcome, that cache outlives the execution, and ``get_current_job_id``
+    keeps naming a job that ended. RQ 2's ``execution`` is a plain attribute.
+    """
+    executions = getattr(worker, 'executions', None)
+    if isinstance(executions, dict):
+        return next(iter(executions.values()), None)
+    execution: Execution | None = worker.execution
+    return execution
+
+
 def set_horse_pid(worker: BaseWorker, pid: int) -> None:
     """Record the pid of a work-horse started by rq-epoch (RQ's ``_horse_pid``, read by ``horse_pid``)."""
     worker._horse_pid = pid

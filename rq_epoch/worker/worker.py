@@ -962,7 +962,7 @@ class Worker(RQWorker):
         riding out a server outage for up to :attr:`outcome_retry_limit` seconds, and (with
         ``RQ_EPOCH_DURABLE_REPLICAS``, unless ``confirm`` is False) confirmed by replicas or
         written again on a new primary; a refusal is reported with :meth:`outcome_refused`."""
-        execution = self.execution
+        execution = rq_adapter.running_execution(self)
 
         def rewrite() -> object:
             # The same outcome again on a new primary (durability): RQ 2 let go of the execution.
