@@ -48,7 +48,19 @@ from rq_epoch.compat import text
 from rq_epoch.pids import children_of, send_signal
 from rq_epoch.protocol import keys
 
-from .harness import EPOCH, ROOT, STOCK, parser, server, server_version, stop_workers, worker_argv, worker_env
+from .harness import (
+    EPOCH,
+    ROOT,
+    STOCK,
+    job_starts,
+    parser,
+    server,
+    server_version,
+    stop_workers,
+    wait_until,
+    worker_argv,
+    worker_env,
+)
 from .report import finish
 
 NAME = 'deploy'
@@ -71,27 +83,6 @@ SEQUENCES = ('term-then-kill', 'term-all-then-kill')
 JOB_SECONDS = 600
 #: Bound on the wait for rq-epoch's job to run again.
 EPOCH_BOUND = 60.0
-
-
-def _starts(path: Path) -> list[tuple[float, int, int]]:
-    """(time, work-horse pid, worker pid) of each start of the job, from its ledger."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        t, pid, ppid = line.split()
-        rows.append((float(t), int(pid), int(ppid)))
-    return rows
-
-
-def _wait(condition: Any, timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 def _stats(conn: redis.Redis) -> dict[str, int]:
@@ -119,7 +110,7 @@ def one_trial(
         job = Queue(QUEUE, connection=conn).enqueue(
             'benchmarks.jobs.record_start_then_sleep', str(ledger), JOB_SECONDS, job_timeout=JOB_SECONDS + 60
         )
-        first = _wait(lambda: _starts(ledger), 60)
+        first = wait_until(lambda: job_starts(ledger), 60)
         if not first:
             return {**row, 'ok': False, 'outcome': 'the job never started'}
         time.sleep(0.5)  # the job is well under way
@@ -140,7 +131,7 @@ def one_trial(
             row['worker_exit'] = {'code': 'SIGKILL', 'seconds': round(grace, 2)}
 
         def again() -> Any:
-            starts = _starts(ledger)
+            starts = job_starts(ledger)
             if len(starts) > 1:
                 return starts[1]
             if job.get_status(refresh=True) == 'failed':
@@ -157,9 +148,9 @@ def one_trial(
                     cleaned[0] = time.monotonic()
                 return again()
 
-            found = _wait(again_after_cleanup, bound, interval=0.1)
+            found = wait_until(again_after_cleanup, bound, interval=0.1)
         else:
-            found = _wait(again, bound, interval=0.1)
+            found = wait_until(again, bound, interval=0.1)
         job.refresh()
         status = job.get_status()
         row.update(status=getattr(status, 'value', status), stalled=int(conn.hget(job.key, 'stalled') or 0))

@@ -29,7 +29,19 @@ from rq import Queue
 from rq_epoch.pids import send_signal
 from rq_epoch.settings import DEFAULTS
 
-from .harness import EPOCH, ROOT, STOCK, parser, server, server_version, stop_workers, worker_argv, worker_env
+from .harness import (
+    EPOCH,
+    ROOT,
+    STOCK,
+    job_starts,
+    parser,
+    server,
+    server_version,
+    stop_workers,
+    wait_until,
+    worker_argv,
+    worker_env,
+)
 from .report import finish
 
 NAME = 'detection'
@@ -39,26 +51,6 @@ TARGET = 40.0
 STOCK_HEARTBEAT = 30
 #: Short settings for ``--quick`` (not the defaults: quick mode only checks that it runs).
 QUICK_ENV = {'RQ_EPOCH_HEARTBEAT_INTERVAL': '1', 'RQ_EPOCH_LEASE_MARGIN': '2', 'RQ_EPOCH_SWEEP_INTERVAL': '1'}
-
-
-def _starts(path: Path) -> list[tuple[float, int, int]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        t, pid, ppid = line.split()
-        rows.append((float(t), int(pid), int(ppid)))
-    return rows
-
-
-def _wait(condition: Any, timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 def one_trial(
@@ -77,7 +69,7 @@ def one_trial(
         Queue(QUEUE, connection=conn).enqueue(
             'benchmarks.jobs.record_start_then_sleep', str(ledger), timeout + 600, job_timeout=int(timeout + 900)
         )
-        first = _wait(lambda: _starts(ledger), 60)
+        first = wait_until(lambda: job_starts(ledger), 60)
         if not first:
             return {'side': side, 'ok': False, 'error': 'the job never started'}
         heartbeat = int(env_extra.get('RQ_EPOCH_HEARTBEAT_INTERVAL', 0)) or (
@@ -88,7 +80,7 @@ def one_trial(
         for pid in (worker, horse):
             send_signal(pid, signal.SIGKILL)
         killed = time.time()
-        again = _wait(lambda: len(_starts(ledger)) > 1 and _starts(ledger), timeout, interval=0.2)
+        again = wait_until(lambda: len(job_starts(ledger)) > 1 and job_starts(ledger), timeout, interval=0.2)
         if not again:
             return {'side': side, 'ok': False, 'error': f'not restarted within {timeout:.0f} s'}
         return {'side': side, 'ok': True, 'detection_seconds': round(again[1][0] - killed, 2)}

@@ -41,6 +41,28 @@ EPOCH = 'rq-epoch'
 # -- arguments ------------------------------------------------------------------------------
 
 
+def job_starts(path: Path) -> list[tuple[float, int, int]]:
+    """(time, work-horse pid, worker pid) of each start of a job, from the ledger its function writes."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        t, pid, ppid = line.split()
+        rows.append((float(t), int(pid), int(ppid)))
+    return rows
+
+
+def wait_until(condition: Any, timeout: float, interval: float = 0.05) -> Any:
+    """The first true value of ``condition()``, polled every ``interval`` s; None after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """The arguments every benchmark takes: ``--quick``, ``--server``, ``--out``."""
     p = argparse.ArgumentParser(description=description)
