@@ -50,7 +50,6 @@ __all__ = [
     'tickets_key',
     'watch_key',
     'baton_key',
-    'deputy_key',
     'wip_key',
     'worker_executions_key',
     'worker_key',
@@ -120,9 +119,6 @@ watch_key = KeyFamily('epoch:watch')
 #: List holding at most one token: the watch handed on to the next idle worker of a set of
 #: queues, which waits for it with ``BLPOP`` (``watch.lua``). Named by :func:`queue_set_id`.
 baton_key = KeyFamily('epoch:baton')
-#: String: the token of the idle worker that stands by to take over the watch of a set of
-#: queues when its watcher dies (``watch.lua``). Named by :func:`queue_set_id`.
-deputy_key = KeyFamily('epoch:deputy')
 
 
 def tickets_key() -> str:

@@ -276,39 +276,44 @@ def rescue(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> S
 # -- take, watch, ticket: the idle fleet ---------------------------------------------------
 
 
+class Role(enum.IntEnum):
+    """A worker's place among the idle workers of a set of queues (``lua/_watch.lua``)."""
+
+    #: Waits for the baton: a ``BLPOP`` of at most a sweep interval less the watch's TTL.
+    NEITHER = 0
+    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
+    WATCHER = 2
+
+
 @dataclass(frozen=True)
 class TakeReply:
-    """What the take script moved (``lua/take.lua``)."""
+    """What the take script did (``lua/take.lua``): the job it moved, or the caller's place."""
 
     #: The position in the call's queues (0-based) of the queue the job came from; None when
     #: every queue was empty.
     index: int | None
     #: The job's id; '' when every queue was empty.
     job_id: str
+    #: When a job was moved: whether a waiter was woken to take the watch over (the caller
+    #: held the watch, or nobody did).
+    woke: bool
+    #: When every queue was empty: the caller's place now (:attr:`Role.WATCHER` when it holds
+    #: the watch). :attr:`Role.NEITHER` when a job was moved, or the call named no watch.
+    role: Role
 
     @classmethod
     def read(cls, raw: Sequence[Any]) -> TakeReply:
-        """Decode ``{i, job_id}`` (1-based ``i``), or ``{0}`` when nothing was taken."""
-        position = int(raw[0])
+        """Decode ``{i, job_id, woke}`` (1-based ``i``), or ``{0, '', role}`` when nothing was taken."""
+        position, job_id, flag = raw
+        position = int(position)
         if position == 0:
-            return cls(index=None, job_id='')
-        return cls(index=position - 1, job_id=text(raw[1]))
+            return cls(index=None, job_id='', woke=False, role=Role(int(flag)))
+        return cls(index=position - 1, job_id=text(job_id), woke=int(flag) == 1, role=Role.NEITHER)
 
 
-def take(connection: Redis, keys: list[str]) -> TakeReply:
-    """Run the take script (KEYS as in ``lua/take.lua``)."""
-    return TakeReply.read(scripts.take()(connection, keys, []))
-
-
-class Role(enum.IntEnum):
-    """A worker's place among the idle workers of a set of queues (``lua/watch.lua``'s reply)."""
-
-    #: Waits on the bench: a long ``BLPOP`` on the baton list.
-    NEITHER = 0
-    #: Waits for the baton with short ``BLPOP``\ s, and takes the watch over when its watcher died.
-    DEPUTY = 1
-    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
-    WATCHER = 2
+def take(connection: Redis, keys: list[str], args: list[Any]) -> TakeReply:
+    """Run the take script (KEYS and ARGV as in ``lua/take.lua``)."""
+    return TakeReply.read(scripts.take()(connection, keys, args))
 
 
 def watch(connection: Redis, keys: list[str], args: list[Any]) -> Role:

@@ -21,25 +21,23 @@ included), makes the server push one invalidation message on that connection.
 Idle workers on the same queues do not all wait that way: one of them is the *watcher*
 of that set of queues (it holds ``<prefix>:epoch:watch:<set>``, with a TTL of half a sweep
 interval that it refreshes while it waits), and only the watcher keeps tracking armed.
-The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An
-enqueue wakes the watcher alone; it takes the job, then, once the job runs, hands the
-watch on (``watch.lua``: its key deleted, one token pushed on the baton list), and the one
-waiter that pops the token claims the watch and arms tracking. An enqueue thus makes at most
-two workers read the queues (the watcher, and the waiter it hands on to), however many wait;
-when the token reaches the deputy, a third wakes for one claim, to be the next deputy.
+The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. The
+place goes with the take, in the same script: a take that finds no job claims the watch
+when nobody holds it, and a take that moves a job hands the watch on (its key deleted,
+one token pushed on the baton list). An enqueue wakes the watcher alone; its take moves
+the job and wakes the one waiter that pops the token, whose take claims the watch before
+it arms tracking. An enqueue thus makes at most two workers read the queues (the
+watcher, and the waiter it hands on to), however many wait.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
-sweep interval). One waiter, the *deputy* (``<prefix>:epoch:deputy:<set>``), blocks no
-longer than that TTL at a time and claims again after each wait, so it takes the watch
-over within a TTL of the key's expiry: a job enqueued right after the watcher was killed
-starts within one sweep interval. The watcher keeps the deputy's place filled (its
-refresh pushes a token when the place is empty). Every other waiter blocks for
-:attr:`Taker.bench_wait` seconds at a time (30 s): that bounds the wait when a watcher and
-its deputy die together.
+sweep interval). Every waiter blocks at most :attr:`Taker.waiter_wait` seconds at a time
+(the sweep interval less the TTL), then takes again, which claims the watch if nobody
+holds it: a job enqueued right after the watcher was killed starts within one sweep
+interval, however many other idle workers died with it.
 
-Waiters (the deputy among them) sleep: they take nothing and sweep nothing, and go back
-to RQ's loop (which heartbeats) only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by
-default), as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
+Waiters take nothing else and sweep nothing, and go back to RQ's loop (which heartbeats)
+only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by default),
+as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
 interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
 for the idle fleet. A worker alone on one queue blocks in RQ's ``BLMOVE`` (which wakes one
 worker per job) and goes back to RQ's loop once per sweep interval when it won the queue's
@@ -226,23 +224,17 @@ class TakerCounters:
     """What one worker's waiting did, counted since it started (read by tests and benchmarks)."""
 
     #: Woken to read the queues: by an invalidation (as the watcher), or by a token of the
-    #: baton list that made it the watcher.
+    #: baton list (the watch handed on).
     wakeups: int = 0
-    #: Woken by a token of the baton list that made it the deputy or nothing (one claim, no
-    #: read of the queues): when a watcher's token reached the deputy, the next deputy's wake.
-    standby_wakeups: int = 0
     #: Takes that found every queue empty.
     empty_takes: int = 0
     #: Times it became the watcher of its queues.
     watch_terms: int = 0
     #: Times it handed the watch on after taking a job.
     handoffs: int = 0
-    #: Times it became the deputy (the waiter that takes over a watcher that died).
-    deputy_terms: int = 0
     #: Blocking moves (RQ's ``BLMOVE``) of a worker alone on one queue.
     blocking_moves: int = 0
-    #: Calls of ``watch.lua``'s claim: the watcher's refreshes, the deputy's turns, a waiter's
-    #: claim after a token or a timeout.
+    #: Calls of ``watch.lua``'s claim: the watcher's refreshes (the takes claim too, uncounted here).
     claims: int = 0
 
 
@@ -259,9 +251,6 @@ class Taker:
     poll_interval: float = 0.2
     #: Wait with client tracking (False: poll every :attr:`poll_interval` seconds).
     tracking: bool = True
-    #: Longest ``BLPOP`` of a waiter that is neither the watcher nor the deputy, in seconds:
-    #: a watcher and a deputy that die together are replaced within this.
-    bench_wait: float = 30.0
 
     def __init__(
         self,
@@ -305,22 +294,38 @@ class Taker:
     def take(self, queues: Sequence[Queue]) -> tuple[Queue, str] | None:
         """Move the first job of ``queues`` (in this order) into its intermediate list.
 
-        One script call, one round trip. Returns the queue and the job id, or None when
-        every queue is empty.
+        One script call, one round trip. Unless this taker polls, the same call keeps its
+        place among the idle workers of these queues: a job taken hands the watch on to
+        another idle worker (if this one held it, or nobody did); every queue empty, this
+        one claims the watch if nobody holds it. Returns the queue and the job id, or None
+        when every queue is empty.
 
         Raises:
             redis.exceptions.ConnectionError: also when the server answers that it takes no
                 writes for now (:data:`rq_epoch.worker.failover.OUTAGE_CODES`): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
+        args: list[Any] = [len(queues)]
+        set_id = None
+        if not self._polling:
+            set_id = keys.queue_set_id(queue.key for queue in queues)
+            if self._set is not None and self._set != set_id:
+                self.hand_on()  # the worker's queues changed
+            script_keys += [keys.watch_key(set_id), keys.baton_key(set_id)]
+            args += [self.name, self._ttl_ms, keys.PREFIX]
         try:
-            reply = verbs.take(self.connection, script_keys)
+            reply = verbs.take(self.connection, script_keys, args)
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
         if reply.index is None:
             self.counters.empty_takes += 1
+            if set_id is not None:
+                self._placed(set_id, reply.role)
             return None
+        if self._role is Role.WATCHER and reply.woke:
+            self.counters.handoffs += 1
+        self._set, self._role, self._claimed_at = None, Role.NEITHER, None
         queue, job_id = queues[reply.index], reply.job_id
         self.taken(queue, job_id)
         return queue, job_id
@@ -443,9 +448,8 @@ class Taker:
         the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and sweeps; a
         wake-up whose write left no job (another worker took it, or it was a write that adds
         none) goes back to waiting after one ``EXISTS``, without a take. Any other worker
-        sleeps: it waits for the baton, at most :attr:`watch_ttl` seconds at a time as the
-        deputy and :attr:`bench_wait` seconds otherwise, then claims again, until it becomes
-        the watcher or ``seconds`` have passed.
+        sleeps: it waits for the baton, at most :attr:`waiter_wait` seconds, and returns
+        True (the take that follows claims the watch if nobody holds it).
         While polling, it returns True after :attr:`poll_interval` seconds.
         """
         deadline = time.monotonic() + seconds
@@ -474,7 +478,10 @@ class Taker:
         return True
 
     def _wait_watched(self, queue_keys: Sequence[str], deadline: float) -> bool:
-        """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton."""
+        """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton.
+
+        The take that came before claimed this taker's place: the watch, when nobody held it.
+        """
         set_id = keys.queue_set_id(queue_keys)
         if self._waker is None:
             self._waker = Waker(self.connection)
@@ -482,24 +489,17 @@ class Taker:
         # not, so that taking the watch over later costs no connection in a job's path.
         self._waker.connect()
         armed = False
-        baton = False  # whether this turn follows a token popped from the baton list
         for _ in range(1_000_000):  # each turn waits until a job, a baton, a refresh or the deadline
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            role = self._claim(set_id)
-            if baton:
-                if role is Role.WATCHER:
+            if self._claim(set_id) is not Role.WATCHER:
+                if self._wait_for_baton(set_id, min(remaining, self.waiter_wait)):
                     self.counters.wakeups += 1
-                else:
-                    self.counters.standby_wakeups += 1
-                baton = False
-            if role is not Role.WATCHER:
-                armed = False
-                wait = self.watch_ttl if role is Role.DEPUTY else self.bench_wait
-                baton = self._wait_for_baton(set_id, min(remaining, wait))
-                self._claimed_at = None  # a token or a timeout: claim again
-                continue
+                # A token or the end of the wait: take again, which claims the watch if
+                # nobody holds it (the watcher handed it on, or died and its key expired).
+                self._claimed_at = None
+                return True
             if self._watch_deadline is None:
                 self._watch_deadline = time.monotonic() + self.sweep_interval
             remaining = min(remaining, self._watch_deadline - time.monotonic())
@@ -516,37 +516,46 @@ class Taker:
                 armed = False  # read the queues again: that says whether the write left a job
         return False
 
-    def _claim(self, set_id: str) -> Role:
-        """This taker's place among the idle workers of ``set_id`` (``watch.lua`` claim).
+    @property
+    def waiter_wait(self) -> float:
+        """Longest ``BLPOP`` of an idle worker that does not watch, in seconds: the sweep
+        interval less the watch's TTL (at least the TTL).
 
-        The watcher's claim is refreshed once a third of the watch's TTL has passed; any
-        other place is claimed again after each wait for the baton.
+        A watcher that dies stops refreshing its key, which expires within the TTL; every
+        waiter claims again within this wait after that, so a job enqueued when the watcher
+        (and any other idle worker) was killed starts within one sweep interval.
         """
-        now = time.monotonic()
-        if (
-            self._set == set_id
-            and self._role is Role.WATCHER
-            and self._claimed_at is not None
-            and now - self._claimed_at < self.watch_ttl / 3
-        ):
-            return Role.WATCHER
-        if self._set is not None and self._set != set_id:
-            self.hand_on()  # the worker's queues changed
-        role = self._watch_script('claim', set_id)
-        self.counters.claims += 1
+        return max(self.watch_ttl, self.sweep_interval - self.watch_ttl)
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.watch_ttl * 1000))
+
+    def _placed(self, set_id: str, role: Role) -> None:
+        """Note the place a take or a claim gave this taker among the idle workers of ``set_id``."""
         if role is Role.WATCHER and not (self._set == set_id and self._role is Role.WATCHER):
             self.counters.watch_terms += 1
-        if role is Role.DEPUTY and not (self._set == set_id and self._role is Role.DEPUTY):
-            self.counters.deputy_terms += 1
-        self._set, self._role, self._claimed_at = set_id, role, now
+        self._set, self._role, self._claimed_at = set_id, role, time.monotonic()
+
+    def _claim(self, set_id: str) -> Role:
+        """This taker's place among the idle workers of ``set_id``.
+
+        The last take claimed it; the watcher refreshes its claim (``watch.lua`` claim) once
+        a third of the watch's TTL has passed.
+        """
+        if self._set == set_id and self._claimed_at is not None:
+            if self._role is not Role.WATCHER or time.monotonic() - self._claimed_at < self.watch_ttl / 3:
+                return self._role
+        role = self._watch_script('claim', set_id)
+        self.counters.claims += 1
+        self._placed(set_id, role)
         return role
 
     def _watch_script(self, action: str, set_id: str) -> Role:
-        """Call ``watch.lua``: the caller's place (claim), or the place it left (leave)."""
-        script_keys = [keys.watch_key(set_id), keys.deputy_key(set_id), keys.baton_key(set_id)]
-        ttl_ms = max(1, int(self.watch_ttl * 1000))
+        """Call ``watch.lua``: the watcher's refresh (claim), or the place it left (leave)."""
+        script_keys = [keys.watch_key(set_id), keys.baton_key(set_id)]
         try:
-            return verbs.watch(self.connection, script_keys, [action, self.name, ttl_ms, keys.PREFIX])
+            return verbs.watch(self.connection, script_keys, [action, self.name, self._ttl_ms, keys.PREFIX])
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
@@ -563,18 +572,15 @@ class Taker:
             raise
 
     def hand_on(self) -> None:
-        """Give up this taker's place (the watch or the deputy's), and wake one waiter to take it.
+        """Give up the watch, if this taker holds it, and wake one waiter to take it.
 
-        The worker calls it once the job it took runs (after the fork of its work-horse, so
-        that the waiter it wakes does not compete with the fork for the CPU, and the take's
-        reply reaches RQ's loop without another round trip first); the taker calls it when
-        it stops. Until then a watcher that took a job still holds the watch, unarmed: a job
-        enqueued meanwhile is seen by the next watcher's first read of the queues. A failure
-        only delays the handover: the key expires by its TTL.
+        A take that moves a job does this itself, in the same script; this is for a taker
+        that stops (or waits on other queues, or polls from now on) while it holds the
+        watch. A failure only delays the handover: the key expires by its TTL.
         """
         set_id, role = self._set, self._role
         self._set, self._role, self._claimed_at = None, Role.NEITHER, None
-        if set_id is None or role is Role.NEITHER:
+        if set_id is None or role is not Role.WATCHER:
             return
         try:
             if self._watch_script('leave', set_id) is Role.WATCHER:

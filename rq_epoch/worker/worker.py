@@ -354,12 +354,9 @@ class Worker(RQWorker):
     def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
 
-        The job runs now: first the watch of the queues is handed on (:meth:`hand_on_watch`).
-
         When the horse died and the server is unreachable at that moment, its failure is
         recorded once the server returns (unless the job already left "started").
         """
-        self.hand_on_watch()
         try:
             super().monitor_work_horse(job, queue, *args)
         except CONNECTION_ERRORS as exc:
@@ -649,18 +646,11 @@ class Worker(RQWorker):
         if self._taker is None:
             interval = self.epoch_settings.sweep_interval
             # The watch outlives a killed watcher by at most half an interval, and a waiter's
-            # BLPOP lasts as long: a job enqueued then starts within one interval.
+            # BLPOP lasts the other half: a job enqueued then starts within one interval.
             self._taker = self.taker_class(
                 self.connection, log=self.log, name=self.name, watch_ttl=interval / 2, sweep_interval=interval
             )
         return self._taker
-
-    def hand_on_watch(self) -> None:
-        """Once the job this worker took runs: hand the watch of its queues (or its place as the
-        deputy) on to an idle worker (:meth:`rq_epoch.worker.take.Taker.hand_on`). Called after the
-        fork of the work-horse, and before an in-process job (``SimpleWorker``)."""
-        if self._taker is not None:
-            self._taker.hand_on()
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None

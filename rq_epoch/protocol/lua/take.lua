@@ -1,5 +1,6 @@
 -- take: move the first job of a worker's queues, in its dequeue order, into that
--- queue's intermediate list.
+-- queue's intermediate list; and, for a worker that waits with the watch of its queues,
+-- its place among the idle workers, in the same step.
 --
 -- A worker on several queues would pop with BLPOP (RQ's choice): between the pop and
 -- the grant of a lease, the job would be in no list at all, and a worker that died (or
@@ -9,24 +10,49 @@
 -- lease after one lease length is requeued uncounted (verdict exempt). The grant removes
 -- the entry once the lease exists.
 --
+-- A worker's take and its place among the idle workers of its queues (see _watch.lua)
+-- always go together: a worker that finds no job waits next, and claims the watch when
+-- nobody holds it; a worker that takes a job leaves the watch to another idle worker.
+-- One script does both, so a job's path costs no separate call of the watch script.
+--
 -- KEYS[1..n]     the queue lists, in the worker's dequeue order (<prefix>:queue:<name>)
 -- KEYS[n+1..2n]  their intermediate lists, in the same order (<queue key>:intermediate)
+-- KEYS[2n+1]     optional: the watch key of the set of queues (<prefix>:epoch:watch:<set>)
+-- KEYS[2n+2]     optional: its baton list                    (<prefix>:epoch:baton:<set>)
+-- ARGV[1]        n, the number of queues
+-- ARGV[2]        with the watch keys: the caller's token (its worker name)
+-- ARGV[3]        with the watch keys: TTL of the watch key and of a baton token, in ms
+-- ARGV[4]        with the watch keys: RQ key prefix ("rq"), for note_alive
 --
--- It reads nothing but the queues it pops, and never blocks: the worker waits for a job
--- elsewhere (see rq_epoch/take.py) and calls this script when one may be there.
+-- With the watch keys: when a job is moved, the watch is handed on (hand_on_watch: a
+-- waiter is woken when the caller held the watch or nobody did); when every queue is
+-- empty, the caller claims the watch (claim_watch).
 --
--- Returns {i, job_id} when the job was taken from KEYS[i]; {0} when every queue was
--- empty.
+-- It reads nothing but the queues it pops (and the watch), and never blocks: the worker
+-- waits for a job elsewhere (see rq_epoch/worker/take.py) and calls this script when one
+-- may be there.
+--
+-- Returns {i, job_id, woke} when the job was taken from KEYS[i] (woke: 1 when a waiter
+-- was woken to take the watch over, else 0); {0, '', role} when every queue was empty
+-- (role: 2 when the caller now holds the watch, else 0).
 
-local rcall = redis.call  -- read from a local, not the global table
+-- @include _epoch.lua
+-- @include _watch.lua
 
-local n = #KEYS / 2
+local n = tonumber(ARGV[1])
+local watch_key, baton_key = KEYS[2 * n + 1], KEYS[2 * n + 2]
+local token, ttl, prefix = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 for i = 1, n do
   local job_id = rcall('LPOP', KEYS[i])
   if job_id then
     rcall('RPUSH', KEYS[n + i], job_id)
-    return {i, job_id}
+    local woke = 0
+    if watch_key and hand_on_watch(watch_key, baton_key, token, ttl) then woke = 1 end
+    return {i, job_id, woke}
   end
 end
-return {0}
+if watch_key then
+  return {0, '', claim_watch(watch_key, token, ttl, prefix)}
+end
+return {0, '', NEITHER}

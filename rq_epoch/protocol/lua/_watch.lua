@@ -1,0 +1,48 @@
+-- Helpers of the watch of a set of queues, shared by watch.lua and take.lua. The loader
+-- pastes this file where a script says `-- @include _watch.lua` (after _epoch.lua).
+--
+-- Idle workers on the same queues share one watcher: the only one that keeps the server's
+-- client tracking armed on the queues, so that an enqueue wakes it and no other. It holds
+-- the watch key (a string: its token, with a TTL it refreshes while it waits). Every other
+-- idle worker waits with BLPOP on the baton list, at most a sweep interval less the TTL
+-- at a time, then claims again: a watcher that died (its key expired) is replaced within
+-- one sweep interval, whoever else died with it.
+--
+-- claim_watch(watch_key, token, ttl, prefix) -> WATCHER or NEITHER
+--   The caller becomes (or stays) the watcher when nobody else is: the key is set to its
+--   token for `ttl` milliseconds, and the server is noted alive as primary (note_alive
+--   in _epoch.lua, at most once a second per server; a server that yields no valid
+--   run_id is not noted), so that an idle fleet keeps the record of life as fresh as a
+--   busy one.
+-- hand_on_watch(watch_key, baton_key, token, ttl) -> whether a waiter was woken
+--   Called when the caller took a job: the watch passes to another idle worker. When the
+--   caller held the watch, its key is deleted; when the caller held it or nobody did, one
+--   token is pushed on the baton list, so the waiter blocked longest wakes and claims it.
+--   When another worker watches, nothing changes.
+
+local WATCHER, NEITHER = 2, 0
+
+-- Wake one waiter (the one blocked longest): one token, never more, gone after the TTL.
+local function wake_one(baton_key, token, ttl)
+  if rcall('LLEN', baton_key) == 0 then
+    rcall('RPUSH', baton_key, token)
+  end
+  rcall('PEXPIRE', baton_key, ttl)
+end
+
+local function claim_watch(watch_key, token, ttl, prefix)
+  local watcher = rcall('GET', watch_key)
+  if watcher and watcher ~= token then return NEITHER end
+  rcall('SET', watch_key, token, 'PX', ttl)
+  local run_id, uptime = current_epoch()
+  if run_id then note_alive(prefix, run_id, uptime, server_now()) end
+  return WATCHER
+end
+
+local function hand_on_watch(watch_key, baton_key, token, ttl)
+  local watcher = rcall('GET', watch_key)
+  if watcher and watcher ~= token then return false end
+  if watcher then rcall('DEL', watch_key) end
+  wake_one(baton_key, token, ttl)
+  return true
+end
