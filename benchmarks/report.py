@@ -223,7 +223,7 @@ def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> st
         s, e = stock['pickup'][f'{figure[7:]}_ms'], epoch['pickup'][f'{figure[7:]}_ms']
     else:
         s, e = stock[figure], epoch[figure]
-    if 'commands' in figure:
+    if figure in ('commands_per_job', 'idle_commands_per_second'):
         s, e = round(s), round(e)
     if figure.endswith('_per_job') and e <= 0:  # below the idle rate: see the note on the clients' CPU
         return f'{_fmt(s)} → not measurable'
@@ -240,8 +240,11 @@ def fleet_section(doc: dict[str, Any]) -> str:
         'connections',
         'server CPU per job ms',
         'commands per job',
+        'script calls per job',
+        'requests per job',
         'pickup p50 ms',
         'pickup p99 ms',
+        'load',
     ]
     rows = []
     for cell in doc['cells'] + doc['simulated']:
@@ -251,7 +254,9 @@ def fleet_section(doc: dict[str, Any]) -> str:
         rows.append(
             [label]
             + [_pair(cell, f) for f in ('idle_cpu_ms_per_second', 'idle_commands_per_second', 'connections')]
-            + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'pickup_p50', 'pickup_p99')]
+            + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'scripts_per_job', 'requests_per_job')]
+            + [_pair(cell, f) for f in ('pickup_p50', 'pickup_p99')]
+            + [f'{_fmt(cell[STOCK].get("load_average"))} / {_fmt(cell[EPOCH].get("load_average"))}']
         )
     out = '### A fleet of workers: idle cost and cost per job (stock → rq-epoch)\n\n' + md_table(headers, rows)
     sizes, sim = doc['sizes'], doc['simulated_sizes']
