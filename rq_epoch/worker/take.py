@@ -312,7 +312,7 @@ class Taker:
             if self._set is not None and self._set != set_id:
                 self.hand_on()  # the worker's queues changed
             script_keys += [keys.watch_key(set_id), keys.baton_key(set_id)]
-            args += [self.name, self._ttl_ms, keys.PREFIX]
+            args += [self.name, self._ttl_ms]
         try:
             reply = verbs.take(self.connection, script_keys, args)
         except redis.exceptions.ResponseError as exc:

@@ -10,10 +10,11 @@
 --
 -- claim_watch(watch_key, token, ttl, prefix) -> WATCHER or NEITHER
 --   The caller becomes (or stays) the watcher when nobody else is: the key is set to its
---   token for `ttl` milliseconds, and the server is noted alive as primary (note_alive
---   in _epoch.lua, at most once a second per server; a server that yields no valid
---   run_id is not noted), so that an idle fleet keeps the record of life as fresh as a
---   busy one.
+--   token for `ttl` milliseconds. With `prefix` (the watcher's refresh, watch.lua), the
+--   server is also noted alive as primary (note_alive in _epoch.lua, at most once a second
+--   per server; a server that yields no valid run_id is not noted), so that an idle fleet
+--   keeps the record of life as fresh as a busy one; the take's claim leaves that to the
+--   refresh that follows it within a third of the TTL, and spares a job's path INFO.
 -- hand_on_watch(watch_key, baton_key, token, ttl) -> whether a waiter was woken
 --   Called when the caller took a job: the watch passes to another idle worker. When the
 --   caller held the watch, its key is deleted; when the caller held it or nobody did, one
@@ -34,8 +35,10 @@ local function claim_watch(watch_key, token, ttl, prefix)
   local watcher = rcall('GET', watch_key)
   if watcher and watcher ~= token then return NEITHER end
   rcall('SET', watch_key, token, 'PX', ttl)
-  local run_id, uptime = current_epoch()
-  if run_id then note_alive(prefix, run_id, uptime, server_now()) end
+  if prefix then
+    local run_id, uptime = current_epoch()
+    if run_id then note_alive(prefix, run_id, uptime, server_now()) end
+  end
   return WATCHER
 end
 

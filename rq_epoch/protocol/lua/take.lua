@@ -22,7 +22,6 @@
 -- ARGV[1]        n, the number of queues
 -- ARGV[2]        with the watch keys: the caller's token (its worker name)
 -- ARGV[3]        with the watch keys: TTL of the watch key and of a baton token, in ms
--- ARGV[4]        with the watch keys: RQ key prefix ("rq"), for note_alive
 --
 -- With the watch keys: when a job is moved, the watch is handed on (hand_on_watch: a
 -- waiter is woken when the caller held the watch or nobody did); when every queue is
@@ -41,18 +40,39 @@
 
 local n = tonumber(ARGV[1])
 local watch_key, baton_key = KEYS[2 * n + 1], KEYS[2 * n + 2]
-local token, ttl, prefix = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local token, ttl = ARGV[2], tonumber(ARGV[3])
 
-for i = 1, n do
-  local job_id = rcall('LPOP', KEYS[i])
-  if job_id then
-    rcall('RPUSH', KEYS[n + i], job_id)
-    local woke = 0
-    if watch_key and hand_on_watch(watch_key, baton_key, token, ttl) then woke = 1 end
-    return {i, job_id, woke}
+-- The first job of the first queue that has one, as {queue key, {job_id}}: LMPOP (Redis
+-- 7, Valkey) looks at every queue in one command; a server without it (Redis 6.2) is
+-- asked one queue at a time.
+local lmpop = {'LMPOP', n}
+for i = 1, n do lmpop[i + 2] = KEYS[i] end
+lmpop[n + 3] = 'LEFT'
+local popped = rpcall(unpack(lmpop))
+if type(popped) == 'table' and popped.err then
+  if not string.find(string.lower(popped.err), 'unknown', 1, true) then return popped end  -- WRONGTYPE...
+  popped = false
+  for i = 1, n do
+    local job_id = rcall('LPOP', KEYS[i])
+    if job_id then
+      popped = {KEYS[i], {job_id}}
+      break
+    end
+  end
+end
+
+if popped then
+  local job_id = popped[2][1]
+  for i = 1, n do
+    if KEYS[i] == popped[1] then
+      rcall('RPUSH', KEYS[n + i], job_id)
+      local woke = 0
+      if watch_key and hand_on_watch(watch_key, baton_key, token, ttl) then woke = 1 end
+      return {i, job_id, woke}
+    end
   end
 end
 if watch_key then
-  return {0, '', claim_watch(watch_key, token, ttl, prefix)}
+  return {0, '', claim_watch(watch_key, token, ttl, nil)}
 end
 return {0, '', NEITHER}
