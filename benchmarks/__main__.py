@@ -5,9 +5,20 @@ from __future__ import annotations
 import sys
 import time
 
-from . import fleet, heartbeat, memory, page_viewers, pickup, report, sweep_latency, sweep_vs_cleanup, worker_throughput
+from . import (
+    deploy,
+    fleet,
+    heartbeat,
+    memory,
+    page_viewers,
+    pickup,
+    report,
+    sweep_latency,
+    sweep_vs_cleanup,
+    worker_throughput,
+)
 
-MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, heartbeat, memory, pickup, fleet, page_viewers)
+MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, heartbeat, memory, pickup, fleet, page_viewers, deploy)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -185,6 +185,26 @@ def detection_section(doc: dict[str, Any]) -> str:
     )
 
 
+def deploy_section(doc: dict[str, Any]) -> str:
+    """deploy: seconds from a stop signal until the job runs again on another worker, per stop."""
+    rows = []
+    for r in doc['summary']:
+        seconds = None
+        if r['median_seconds'] is not None:
+            seconds = f'{_fmt(r["median_seconds"])} (worst {_fmt(r["max_seconds"])})'
+        outcome = '; '.join(r['outcomes'] + r['reasons'])
+        if r.get('failed_seconds') is not None:
+            outcome += f' ({_fmt(r["failed_seconds"])} s after the stop signal)'
+        rows.append([r['side'], r['sequence'], r['grace'], r['trials'], seconds, outcome, r['stalled'], r['ok']])
+    headers = ['worker', 'stop', 'grace (s)', 'trials', 'seconds until it runs again, median', 'the job']
+    settings = doc['settings']
+    return (
+        '### A job cut short by a deploy\n\n'
+        + md_table([*headers, 'counted stalls', 'ok'], rows)
+        + f'\n\nSettings: rq-epoch {settings["rq-epoch"]}; stock {settings["stock"]}.'
+    )
+
+
 def pickup_section(doc: dict[str, Any]) -> str:
     """pickup: latency after idle and under load, backlog, the wait alone."""
     s = doc['summary']
@@ -334,6 +354,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     'heartbeat': heartbeat_section,
     'memory': memory_section,
     'detection': detection_section,
+    'deploy': deploy_section,
     'pickup': pickup_section,
     'fleet': fleet_section,
     'page_viewers': page_section,

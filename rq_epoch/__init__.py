@@ -13,6 +13,7 @@ from .errors import (
     RqEpochError,
     ServerOutageError,
     StalledJobError,
+    UnsupportedServerError,
 )
 from .jobs.job import EpochJobMixin, Job, StartedJobRegistry
 from .jobs.jobclass import epoch_job_class, is_epoch_job_class
@@ -56,6 +57,7 @@ __all__ = [
     'StartedJobRegistry',
     'SweepReport',
     'Sweeper',
+    'UnsupportedServerError',
     'Verdict',
     'Worker',
     'epoch_job_class',

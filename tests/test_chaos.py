@@ -314,3 +314,79 @@ def test_stalls_counted_by_a_later_process_are_found_in_the_logs(tmp_path: Path)
         + json.dumps({'job_id': 'j4', 'verdict': 'dead', 'stalled': 3, 'lease_epoch': a, 'run_id': b}) + '\n'
     )  # fmt: skip
     assert counted_by_a_later_process(tmp_path) == 2  # j1 once, j4
+
+
+def test_rolling_deploys_are_drawn_last_one_stop_per_worker() -> None:
+    """A plan with deploys keeps every other draw; each deploy stops every worker slot in turn, with
+    a stop sequence each, and graces on both sides of the shutdown timeout."""
+    from benchmarks.chaos.plan import STOP_SEQUENCES
+
+    cfg = replace(small_config(), deploys=4, shutdown_timeout=3)
+    plan = make_plan(cfg)
+    assert plan == make_plan(cfg)
+    without = make_plan(replace(cfg, deploys=0))
+    assert plan.jobs == without.jobs
+    assert [f for f in plan.faults if f.kind != 'deploy'] == list(without.faults)
+    deploys = [f for f in plan.faults if f.kind == 'deploy']
+    assert len(deploys) == 4 and all(len(f.steps) == cfg.workers for f in deploys)
+    steps = [step for f in deploys for step in f.steps]
+    assert {sequence for sequence, _ in steps} <= set(STOP_SEQUENCES)
+    graces = [grace for _, grace in steps]
+    assert min(graces) < cfg.shutdown_timeout < max(graces)
+    assert '--deploys 4' in cfg.command()
+
+
+def test_the_audit_names_a_deploy_that_stopped_an_execution_and_its_counted_stalls() -> None:
+    events = [
+        {'kind': 'deploy-stop', 't': 100.0, 'pid': 7, 'horses': [70], 'sequence': 'k8s'},
+        {'kind': 'kill', 't': 200.0, 'pid': 8, 'horses': [80]},
+    ]
+    assert explain(Attempt(1, 70, 7, 99.0), 105.0, False, events) == 'deploy'
+    assert explain(Attempt(1, 80, 8, 199.0), 205.0, False, events) == 'kill'
+    handed_back = [Attempt(1, 70, 7, 99.0, reason='deploy'), Attempt(2, 90, 9, 105.0, 106.0)]
+    job = JobAudit('h1', 'healthy', 'finished', 'finished', handed_back, 0, 0, 0, 0, 1, '', 'finished')
+    assert job.deploy_stalls == 0 and check_invariants([job], small_config()) == []
+    counted = replace(job, stalled=1)
+    assert counted.deploy_stalls == 1
+    found = check_invariants([counted], small_config())
+    assert found == ['h1: 1 counted stall(s) but only 0 kill/freeze of its workers']
+    killed_too = replace(counted, attempts=[Attempt(1, 80, 8, 199.0, reason='kill'), *handed_back])
+    assert killed_too.deploy_stalls == 0
+
+
+DEPLOY_SMALL = [
+    '--jobs', '15', '--pills', '1', '--workers', '3', '--restarts', '1', '--kills', '1', '--freezes', '0',
+    '--duration', '30', '--seed', '7', '--max-stalled', '2', '--min-seconds', '6', '--max-seconds', '10',
+    '--sides', 'rq-epoch', '--server', 'valkey', '--lease-margin', '4', '--deploys', '2', '--shutdown-timeout', '2',
+]  # fmt: skip
+# Jobs of 6 to 10 s and a 2 s shutdown timeout: a stop that meets a job leaves it at least 2 s to
+# run two times in three, so the run's six stops cut some jobs short (hand-backs, stopping verdicts).
+
+
+@pytest.mark.slow
+def test_small_chaos_run_with_rolling_deploys_costs_no_job_anything(tmp_path: Path) -> None:
+    """Two rolling deploys (every worker stopped in turn, each with its own stop sequence and grace)
+    beside a restart, a kill and a poison pill: no healthy job failed, no stall counted for a
+    deploy, the pill dead-lettered after exactly max_stalled counted stalls."""
+    out = tmp_path / 'chaos.json'
+    argv = [
+        sys.executable, '-m', 'benchmarks.chaos', *DEPLOY_SMALL, '--json', str(out), '--workdir', str(tmp_path / 'w'),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+        raise AssertionError(f'the chaos run took more than 300 s:\n{output}') from None
+    print(output)
+    assert proc.returncode == 0, output
+    side = json.loads(out.read_text())['sides']['rq-epoch']
+    row = side['row']
+    assert side['violations'] == []
+    assert (row['deploys'], row['deploy_stops']) == (2, 6)
+    stopped_running = [e for e in side['events'] if e['kind'] == 'deploy-stop' and e['horses']]
+    assert stopped_running, 'a deploy met a running job'
+    assert row['handed_back'] + row['stopping_verdicts'] >= 1
+    assert (row['deploy_stalls'], row['healthy_failed'], row['lost'], row['stuck']) == (0, 0, 0, 0)
+    assert (row['pills_dead'], row['pill_stalls']) == (1, [2])

@@ -114,7 +114,16 @@ def test_sweep_json_is_one_report_with_the_counts(server: EmbeddedServer, conn: 
     assert report['run_id'] == conn.info('server')['run_id']
     assert report['dry_run'] is False
     assert report['total'] == 4
-    expected = {'ghost': 1, 'corrupt': 0, 'settled': 0, 'exempt': 1, 'recovered': 1, 'dead': 1, 'deferred': 0}
+    expected = {
+        'ghost': 1,
+        'corrupt': 0,
+        'settled': 0,
+        'exempt': 1,
+        'stopping': 0,
+        'recovered': 1,
+        'dead': 1,
+        'deferred': 0,
+    }
     assert report['queues'] == {'mail': expected}
     assert report['totals'] == expected
     assert report['finished'] == [jobs['dead'].id]

@@ -136,23 +136,23 @@ def test_simple_worker_frozen_past_its_lease_finishes_the_job_and_its_outcome_is
     assert conn.hget(job.key, 'lease_execution').decode() != stale
 
 
-def test_heroku_worker_warns_the_job_at_sigterm_and_records_its_failure_uncounted(
-    conn, start_worker, tmp_path: Path
-) -> None:
-    """As RQ's HerokuWorker: SIGTERM, then ShutDownImminentException in the job; the failure is
-    recorded through the fence (the lease removed with it), not counted as a stall."""
+def test_heroku_worker_warns_the_job_at_sigterm_and_hands_it_back_uncounted(conn, start_worker, tmp_path: Path) -> None:
+    """As RQ's HerokuWorker: SIGTERM, then ShutDownImminentException in the job; the job is not
+    failed but handed back to the front of its queue by the work-horse, uncounted, with no result."""
     queue = Queue('heroku', connection=conn)
     log = tmp_path / 'log'
     job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'h', str(tmp_path / 'never'))
-    worker = start_worker('heroku', worker_class='rq_epoch.HerokuWorker')
+    worker = start_worker('heroku', worker_class='rq_epoch.HerokuWorker', env={'RQ_EPOCH_SHUTDOWN_TIMEOUT': '60'})
     wait_for(lambda: executions(log, 'h')[0] == 1, 30, what='job function running')
     os.kill(worker.pid, signal.SIGTERM)
     wait_for(lambda: worker.proc.poll() is not None, 30, what='the worker to stop')
+    assert worker.proc.returncode == 0, worker.output()
     job = Job.fetch(job.id, connection=conn)
-    assert job.get_status() == JobStatus.FAILED
-    result = job.latest_result()
-    assert result is not None and 'ShutDownImminentException' in (result.exc_string or '')
+    assert job.get_status() == JobStatus.QUEUED
+    assert conn.lrange(queue.key, 0, -1) == [job.id.encode()]
+    assert job.latest_result() is None
     assert (job.stalled, job.exempt_recoveries, job.stale_outcomes) == (0, 0, 0)
+    assert conn.hget(job.key, 'handed_back') == b'1'
     assert conn.zscore(keys.leases_key('heroku'), job.id) is None
     assert 'Imminent shutdown, raising ShutDownImminentException in 6 seconds' in worker.output()
     assert executions(log, 'h') == (1, 0)

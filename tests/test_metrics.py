@@ -17,6 +17,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rq.executions import Execution
 from rq.job import JobStatus
 
 from rq_epoch import Job, Queue, Sweeper
@@ -24,6 +25,7 @@ from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.ops.metrics import LEASE_STATES, ROUND_TRIPS, SWEPT_VERDICTS, EpochCollector, epoch_age, serve
 from rq_epoch.protocol import keys
 from rq_epoch.protocol.server import read_primary_state
+from rq_epoch.worker.stopping import hand_back, mark_stopping
 from tests.conftest import ROOT, thaw, wait_for
 from tests.leases import CURRENT, OTHER_EPOCH, current_run_id, start_job
 from tests.test_cli import snapshot
@@ -487,6 +489,12 @@ def test_lease_states_follow_the_sweep_rule(conn: redis.Redis) -> None:
     seconds, micros = conn.time()
     now = seconds + micros / 1e6
     conn.hset(keys.alive_key(), 'a' * 40, f'{now - 0.5:.6f} {"b" * 40} {now - 100:.6f}')
+    # Stamped by this process, but its worker was told to stop and its lease ran out within the
+    # stop window (verdict stopping): uncounted, and not deferred.
+    stopped, _ = start_job(conn, queue, epoch=CURRENT, expired=False)
+    mark = mark_stopping(conn, stopped, Execution(str(stopped.lease_execution), stopped.id, connection=conn), 60)
+    wait_for(lambda: _server_now(conn) > mark.marked_at + 0.01, 5, interval=0.005)
+    conn.zadd(keys.leases_key('states'), {stopped.id: mark.marked_at + 0.01}, xx=True)
 
     def states(grace: int) -> dict[str, float]:
         samples = parse(
@@ -494,14 +502,28 @@ def test_lease_states_follow_the_sweep_rule(conn: redis.Redis) -> None:
         )
         return {s: value(samples, 'rq_epoch_leases', queue='states', state=s) for s in LEASE_STATES}
 
-    expected = {'live': 1, 'expired-counted': 2, 'expired-uncounted': 2, 'deferred': 0, 'expired-stale': 3}
+    expected = {'live': 1, 'expired-counted': 2, 'expired-uncounted': 3, 'deferred': 0, 'expired-stale': 3}
     assert states(0) == expected
-    assert states(10**6) == expected | {'expired-uncounted': 0, 'deferred': 2}
+    assert states(10**6) == expected | {'expired-uncounted': 1, 'deferred': 2}
     # The sweep agrees, lease by lease.
     report = Sweeper(conn, restart_grace=0, max_stalled=3).sweep(['states'])
     assert sorted(v.verdict for v in report.verdicts) == sorted(
-        ['recovered', 'recovered', 'exempt', 'exempt', 'settled', 'ghost', 'corrupt']
+        ['recovered', 'recovered', 'exempt', 'exempt', 'stopping', 'settled', 'ghost', 'corrupt']
     )
+
+
+def _server_now(conn: redis.Redis) -> float:
+    seconds, micros = conn.time()
+    return seconds + micros / 1e6
+
+
+def test_jobs_handed_back_are_counted_per_queue(conn: redis.Redis) -> None:
+    queue = Queue('deploys', connection=conn)
+    job, _ = start_job(conn, queue, expired=False)
+    assert hand_back(conn, job, Execution(str(job.lease_execution), job.id, connection=conn)).handed_back
+    samples = parse(generate_latest(_registry(EpochCollector(conn, queues=['deploys']))).decode())
+    assert value(samples, 'rq_epoch_handed_back_total', queue='deploys') == 1
+    assert value(samples, 'rq_epoch_sweep_verdicts_total', queue='deploys', verdict='stopping') == 0
 
 
 def test_refused_outcomes_and_last_sweep_come_from_the_stats_hash(conn: redis.Redis) -> None:

@@ -12,8 +12,17 @@ from rq_epoch.ops.metrics import SWEPT_VERDICTS
 
 
 def test_verdicts_in_report_order() -> None:
-    assert [v.value for v in Verdict] == ['ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead', 'deferred']
-    assert SWEPT_VERDICTS == ('ghost', 'corrupt', 'settled', 'exempt', 'recovered', 'dead')
+    assert [v.value for v in Verdict] == [
+        'ghost',
+        'corrupt',
+        'settled',
+        'exempt',
+        'stopping',
+        'recovered',
+        'dead',
+        'deferred',
+    ]
+    assert SWEPT_VERDICTS == ('ghost', 'corrupt', 'settled', 'exempt', 'stopping', 'recovered', 'dead')
 
 
 @pytest.mark.parametrize('verdict', list(Verdict))
@@ -31,7 +40,7 @@ def test_a_verdict_behaves_as_its_name(verdict: Verdict) -> None:
 
 def test_what_each_verdict_means() -> None:
     assert {v for v in Verdict if v.counted} == {Verdict.RECOVERED, Verdict.DEAD}
-    assert {v for v in Verdict if v.uncounted} == {Verdict.EXEMPT, Verdict.DEFERRED}
+    assert {v for v in Verdict if v.uncounted} == {Verdict.EXEMPT, Verdict.STOPPING, Verdict.DEFERRED}
     assert [v for v in Verdict if not v.judged] == [Verdict.DEFERRED]
     assert Verdict.DEAD.level == logging.ERROR
     assert Verdict.DEFERRED.level == logging.DEBUG

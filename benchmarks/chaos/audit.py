@@ -74,7 +74,7 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
     if pill:
         return 'poison pill'
     until = attempt.end + 2.0 if attempt.end is not None else (following if following is not None else float('inf'))
-    faults = [e for e in events if e['kind'] in ('kill', 'freeze')]
+    faults = [e for e in events if e['kind'] in ('kill', 'freeze', 'deploy-stop')]
     hit = [e for e in faults if attempt.pid in e.get('horses', [])]
     if not hit:
         hit = [
@@ -82,7 +82,8 @@ def explain(attempt: Attempt, following: float | None, pill: bool, events: list[
             if e.get('pid') == attempt.ppid and not e.get('horses') and attempt.start - 0.05 <= e['t'] <= until
         ]  # fmt: skip
     if hit:
-        return str(min(hit, key=lambda e: e['t'])['kind'])
+        kind = str(min(hit, key=lambda e: e['t'])['kind'])
+        return 'deploy' if kind == 'deploy-stop' else kind
     outages = _outages(events)
     in_outage = any(down <= until and up + 5 >= attempt.start for down, up in outages)
     in_failover = any(start <= until and end + FAILOVER_TAIL >= attempt.start for start, end in _failovers(events))
@@ -409,8 +410,12 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
         for job_id in sorted({v.split(':', 1)[0] for v in violations}):
             histories[job_id] = job_history(job_id, client, run, jobs, ledger_lines, events)
     refused = sum(int(client.hget(keys.stats_key(name), 'refused') or 0) for name in cfg.queue_names)
+    handed_back = sum(int(client.hget(keys.stats_key(name), 'handed_back') or 0) for name in cfg.queue_names)
+    stopping = sum(int(client.hget(keys.stats_key(name), 'stopping') or 0) for name in cfg.queue_names)
     across = counted_by_a_later_process(run.folder) if side == EPOCH else 0
-    return SideResult(side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused, across)
+    return SideResult(
+        side, wall, jobs, events, violations, histories, notes, cfg.max_stalled, refused, across, handed_back, stopping
+    )
 
 
 def check_invariants(jobs: Sequence[JobAudit], cfg: Config) -> list[str]:

@@ -104,12 +104,26 @@ def parse_args(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
         default=d.worker_class,
         help='rq_epoch.<class> on the rq-epoch side, rq.<class> on the stock side',
     )
+    p.add_argument(
+        '--deploys',
+        type=int,
+        default=d.deploys,
+        help='rolling deploys: each stops every worker in turn (random stop sequence and grace)',
+    )
+    p.add_argument(
+        '--shutdown-timeout',
+        type=int,
+        default=d.shutdown_timeout,
+        help="RQ_EPOCH_SHUTDOWN_TIMEOUT of rq-epoch's workers (s)",
+    )
     p.add_argument('--json', type=Path, default=None, help='write the results as JSON here')
     p.add_argument('--markdown', type=Path, default=None, help='write the tables (markdown) here')
     ns = p.parse_args(list(argv))
     sides = tuple(s.strip() for s in ns.sides.split(',') if s.strip())
     if not sides or any(s not in SIDES for s in sides):
         p.error(f'--sides takes {", ".join(SIDES)}')
+    if ns.deploys < 0 or ns.shutdown_timeout < 0:
+        p.error('--deploys and --shutdown-timeout cannot be negative')
     if ns.jobs < 1 or ns.workers < 1 or ns.max_stalled < 1 or ns.duration <= 0 or ns.queues < 1:
         p.error('--jobs, --workers, --max-stalled, --duration and --queues must be positive')
     if ns.topology == 'sentinel' and ns.restarts:

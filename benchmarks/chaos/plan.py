@@ -23,7 +23,15 @@ ON_FAILURE = 'benchmarks.chaos_jobs.on_failure'
 #: Kept long enough that no finished or failed job expires before the audit.
 RESULT_TTL = 7 * 24 * 3600
 #: Reasons a superseded execution may have on the rq-epoch side.
-ALLOWED_REASONS = {'kill', 'freeze', 'poison pill'}
+ALLOWED_REASONS = {'kill', 'freeze', 'poison pill', 'deploy'}
+#: How a rolling deploy stops a worker: ``k8s`` (SIGTERM to the worker, SIGKILL to it and its
+#: work-horse after the grace: Kubernetes, ECS, ``docker stop``), ``systemd`` (SIGTERM to every
+#: process at once, SIGKILL to every one after the grace: ``KillMode=control-group``, Heroku),
+#: ``term-only`` (SIGTERM to the worker, then a wait: systemd ``KillMode=mixed`` and supervisor
+#: with a long stop timeout), ``sigint-twice`` (Ctrl-C, and Ctrl-C again after the grace).
+STOP_SEQUENCES = ('k8s', 'systemd', 'term-only', 'sigint-twice')
+#: Seconds a deploy waits for a worker that was told to stop, past its grace, before SIGKILL.
+DEPLOY_BOUND = 30.0
 #: Seconds a kill or freeze may wait past its planned time for a worker that is running a job.
 BUSY_WAIT = 10.0
 #: Seconds after a promotion (or a frozen primary's thaw) during which an execution cut short is
@@ -78,6 +86,10 @@ class Config:
     #: The worker class of both sides: ``Worker`` (a forked work-horse per job), ``SpawnWorker``
     #: (a spawned one) or ``HerokuWorker``; rq-epoch's side runs ``rq_epoch.<class>``, stock ``rq.<class>``.
     worker_class: str = 'Worker'
+    #: Rolling deploys: each stops every worker in turn, with a stop sequence and grace drawn per worker.
+    deploys: int = 0
+    #: ``RQ_EPOCH_SHUTDOWN_TIMEOUT`` of rq-epoch's workers (seconds).
+    shutdown_timeout: int = 3
 
     @property
     def queue_names(self) -> tuple[str, ...]:
@@ -178,6 +190,8 @@ FLAGS = {
     'primary_freeze_for': '--primary-freeze-for',
     'min_replicas': '--min-replicas',
     'worker_class': '--worker-class',
+    'deploys': '--deploys',
+    'shutdown_timeout': '--shutdown-timeout',
 }
 
 
@@ -203,6 +217,8 @@ class FaultSpec:
     kind: str
     slot: int  # the worker slot to start looking for a busy worker from
     hold: float  # seconds down (restarts) or frozen (freezes)
+    #: A deploy ('deploy'): (stop sequence, grace in seconds) for each worker slot, stopped in turn.
+    steps: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,5 +311,22 @@ def make_plan(cfg: Config) -> Plan:
             at = start + span * (k + 0.5) + rng.uniform(-0.2, 0.2) * span
             hold = cfg.primary_freeze_for if kind == 'primary-freeze' else 0.0
             faults.append(FaultSpec(round(at, 3), kind, 0, hold))
+    # Rolling deploys, drawn after everything else for the same reason; spread evenly.
+    if cfg.deploys:
+        span = (end - start) / cfg.deploys
+        for k in range(cfg.deploys):
+            at = start + span * (k + 0.5) + rng.uniform(-0.2, 0.2) * span
+            steps = tuple(
+                (rng.choice(STOP_SEQUENCES), draw_grace(rng, cfg.shutdown_timeout)) for _ in range(cfg.workers)
+            )
+            faults.append(FaultSpec(round(at, 3), 'deploy', 0, 0.0, steps))
     faults.sort(key=lambda f: (f.at, f.kind))
     return Plan(tuple(jobs), tuple(faults))
+
+
+def draw_grace(rng: random.Random, shutdown_timeout: int) -> float:
+    """A deploy's grace for one worker: half the time shorter than the shutdown timeout (the worker
+    is killed before it could hand its job back), half the time longer (it hands the job back)."""
+    if rng.random() < 0.5:
+        return round(rng.uniform(0.3, max(0.5, shutdown_timeout * 0.8)), 2)
+    return round(rng.uniform(shutdown_timeout + 1.5, shutdown_timeout + 5.0), 2)

@@ -59,6 +59,8 @@ class Slot:
     frozen: list[tuple[int, int]] = field(default_factory=list)
     killed_by_harness: bool = False
     respawn_at: float = 0.0
+    #: A deploy is stopping this slot's worker: no kill or freeze picks it meanwhile.
+    deploying: bool = False
 
     @property
     def alive(self) -> bool:
@@ -120,6 +122,7 @@ class Supervisor:
         slot.horses = {}
         slot.frozen = []
         slot.killed_by_harness = False
+        slot.deploying = False
         self.recorder.add('worker-start', slot=slot.index, pid=slot.proc.pid, log=log.name)
 
     def start_all(self) -> None:
@@ -151,7 +154,12 @@ class Supervisor:
                 if not slot.frozen:
                     slot.horses.update(self.horses_of(slot))
                 continue
-            cause = 'harness kill' if slot.killed_by_harness else ('signal' if code < 0 else 'exit')
+            if slot.deploying:
+                cause = 'deploy'
+            elif slot.killed_by_harness:
+                cause = 'harness kill'
+            else:
+                cause = 'signal' if code < 0 else 'exit'
             left = [pid for pid, started in slot.horses.items() if send_signal(pid, signal.SIGKILL, started)]
             self.recorder.add(
                 'worker-exit', slot=slot.index, pid=slot.proc.pid, returncode=code, cause=cause, ended_leftovers=left
@@ -184,12 +192,12 @@ class Supervisor:
         n = len(self.slots)
         order = [self.slots[(hint + i) % n] for i in range(n)]
         for slot in order:
-            if slot.alive and not slot.frozen and self.horses_of(slot):
+            if slot.alive and not slot.frozen and not slot.deploying and self.horses_of(slot):
                 return slot
         if busy:
             return None
         for slot in order:
-            if slot.alive and not slot.frozen:
+            if slot.alive and not slot.frozen and not slot.deploying:
                 return slot
         return None
 
@@ -212,6 +220,33 @@ class Supervisor:
         for pid, start in slot.frozen:
             send_signal(pid, signal.SIGSTOP, start)
         return {'slot': slot.index, 'pid': slot.proc.pid, 'horses': sorted(horses)}
+
+    def deploy_stop(self, slot: Slot, sequence: str) -> dict[str, Any]:
+        """The first signal of a deploy's stop ``sequence`` (see ``plan.STOP_SEQUENCES``): SIGTERM to
+        the worker (and, for ``systemd``, to its work-horse too), or SIGINT for ``sigint-twice``."""
+        assert slot.proc is not None
+        horses = self.horses_of(slot)
+        slot.deploying = True
+        first = signal.SIGINT if sequence == 'sigint-twice' else signal.SIGTERM
+        send_signal(slot.proc.pid, first)
+        if sequence == 'systemd':
+            for pid, started in horses.items():
+                send_signal(pid, signal.SIGTERM, started)
+        return {'slot': slot.index, 'pid': slot.proc.pid, 'horses': sorted(horses), 'sequence': sequence}
+
+    def deploy_follow_up(self, slot: Slot, pid: int, sequence: str, final: bool) -> list[int]:
+        """What a deploy does when the grace is over, if the worker ``pid`` still runs: SIGKILL to it and
+        its work-horses (``k8s``, ``systemd``, or any sequence once ``final``), or the second SIGINT."""
+        if slot.proc is None or slot.proc.pid != pid or slot.proc.poll() is not None:
+            return []
+        if sequence == 'sigint-twice' and not final:
+            send_signal(pid, signal.SIGINT)
+            return []
+        if sequence == 'term-only' and not final:
+            return []
+        horses = {**slot.horses, **self.horses_of(slot)}
+        send_signal(pid, signal.SIGKILL)
+        return [pid] + [h for h, started in horses.items() if send_signal(h, signal.SIGKILL, started)]
 
     def thaw(self, slot: Slot, pid: int) -> bool:
         """SIGCONT what :meth:`freeze` stopped, if that worker is still the slot's."""
@@ -248,4 +283,5 @@ def epoch_environment(cfg: Config) -> dict[str, str]:
         'RQ_EPOCH_LEASE_MARGIN': str(cfg.lease_margin),
         'RQ_EPOCH_SWEEP_INTERVAL': str(cfg.sweep_interval),
         'RQ_EPOCH_RESTART_GRACE': str(cfg.restart_grace),
+        'RQ_EPOCH_SHUTDOWN_TIMEOUT': str(cfg.shutdown_timeout),
     }

@@ -99,29 +99,63 @@ def table(results: Sequence[SideResult], cfg: Config) -> str:
             f'| {r["deaths_counted"]} ({r["deaths_counted_later"]}) '
             f'| {r["deaths_uncounted"]} | {r["deaths_counted_wrongly"]} | {r["deaths_exempt"]} | {pills or "-"} |'
         )
+    if cfg.deploys:
+        lines += ['', *deploy_table(results)]
     return '\n'.join(lines)
+
+
+def deploy_table(results: Sequence[SideResult]) -> list[str]:
+    """The rolling deploys' table: what the stops did to the jobs they met, per side."""
+    lines = [
+        '| side | deploys (workers stopped: by sequence) | SIGKILLs after the grace | jobs handed back '
+        '| requeued as stopping | stalls counted because of a deploy | healthy jobs failed (after a deploy) '
+        '| poison pills dead-lettered (after counted stalls) |',
+        '|' + '---|' * 8,
+    ]
+    for result in results:
+        r = result.row()
+        sequences = ', '.join(f'{k} {v}' for k, v in sorted(r['deploy_sequences'].items()))
+        epoch = result.side == EPOCH
+        stalls = sorted(set(r['pill_stalls']))
+        pills = f'{r["pills_dead"]}/{r["pills"]}' + (f' (after {"/".join(map(str, stalls)) or "-"})' if epoch else '')
+        lines.append(
+            f'| {result.side} | {r["deploys"]} ({r["deploy_stops"]}: {sequences or "-"}) | {r["deploy_kills"]} '
+            f'| {r["handed_back"] if epoch else "n/a"} | {r["stopping_verdicts"] if epoch else "n/a"} '
+            f'| {r["deploy_stalls"] if epoch else "n/a"} | {r["healthy_failed"]} ({r["healthy_failed_after_deploy"]}) '
+            f'| {pills} |'
+        )
+    return lines
 
 
 def describe(cfg: Config) -> str:
     """One paragraph with the resolved parameters."""
     retry = f'Retry(max={cfg.retry_budget}) on every job' if cfg.retry_budget else 'no Retry'
     return (
-        f'J={cfg.jobs} healthy jobs ({cfg.min_seconds}-{cfg.max_seconds} s, {cfg.callbacks:.0%} with on_failure, '
-        f'{cfg.dependents:.0%} dependents), P={cfg.pills} poison pills, {cfg.workers} workers, K={cfg.restarts} '
-        f'restarts (down {cfg.down_min}-{cfg.down_max} s, alternately SHUTDOWN and kill -9, appendfsync always), '
-        f'W={cfg.kills} worker kills, F={cfg.freezes} freezes of {cfg.freeze_seconds:.0f} s, '
-        f'{cfg.queues} queue(s) per worker, '
-        f'over {cfg.duration:.0f} s; '
-        f'max_stalled {cfg.max_stalled}, {retry}, heartbeat {cfg.heartbeat} s, '
-        f'leases {cfg.lease(EPOCH):.0f} s (rq-epoch) / {cfg.lease(STOCK):.0f} s (stock), sweeps every '
-        f'{cfg.sweep_interval} s, restart grace {cfg.restart_grace} s; server {cfg.server}; seed {cfg.seed}; '
-        f'RQ {rq.__version__}'
-    ) + (
-        f'; Sentinel topology: a primary, {cfg.replicas} replica(s), 3 sentinels (down-after 1 s), '
-        f'{cfg.failovers} failovers, {cfg.primary_freezes} frozen primaries ({cfg.primary_freeze_for:.0f} s), '
-        f'min-replicas-to-write {cfg.min_replicas}'
-        if cfg.topology == 'sentinel'
-        else ''
+        (
+            f'J={cfg.jobs} healthy jobs ({cfg.min_seconds}-{cfg.max_seconds} s, {cfg.callbacks:.0%} with on_failure, '
+            f'{cfg.dependents:.0%} dependents), P={cfg.pills} poison pills, {cfg.workers} workers, K={cfg.restarts} '
+            f'restarts (down {cfg.down_min}-{cfg.down_max} s, alternately SHUTDOWN and kill -9, appendfsync always), '
+            f'W={cfg.kills} worker kills, F={cfg.freezes} freezes of {cfg.freeze_seconds:.0f} s, '
+            f'{cfg.queues} queue(s) per worker, '
+            f'over {cfg.duration:.0f} s; '
+            f'max_stalled {cfg.max_stalled}, {retry}, heartbeat {cfg.heartbeat} s, '
+            f'leases {cfg.lease(EPOCH):.0f} s (rq-epoch) / {cfg.lease(STOCK):.0f} s (stock), sweeps every '
+            f'{cfg.sweep_interval} s, restart grace {cfg.restart_grace} s; server {cfg.server}; seed {cfg.seed}; '
+            f'RQ {rq.__version__}'
+        )
+        + (
+            f'; Sentinel topology: a primary, {cfg.replicas} replica(s), 3 sentinels (down-after 1 s), '
+            f'{cfg.failovers} failovers, {cfg.primary_freezes} frozen primaries ({cfg.primary_freeze_for:.0f} s), '
+            f'min-replicas-to-write {cfg.min_replicas}'
+            if cfg.topology == 'sentinel'
+            else ''
+        )
+        + (
+            f'; {cfg.deploys} rolling deploys (every worker stopped in turn, a random stop sequence and grace each), '
+            f'shutdown timeout {cfg.shutdown_timeout} s'
+            if cfg.deploys
+            else ''
+        )
     )
 
 

@@ -65,6 +65,15 @@ class JobAudit:
         return max(0, self.worker_results - (1 if self.state == 'finished' else 0))
 
     @property
+    def deploy_stalls(self) -> int:
+        """Counted stalls of a healthy job that a deploy stopped, beyond the kills and freezes of its
+        workers: stalls a deploy cost it (rq-epoch must count none)."""
+        if self.kind != 'healthy' or not any(a.reason == 'deploy' for a in self.attempts):
+            return 0
+        hits = sum(1 for a in self.attempts if a.reason in ('kill', 'freeze')) + self.held_faults
+        return max(0, self.stalled - hits)
+
+    @property
     def executions(self) -> int:
         """Number of executions (ledger start lines)."""
         return len(self.attempts)
@@ -87,6 +96,10 @@ class SideResult:
     #: Stalls counted by a server process other than the one that stamped the lease (rq-epoch):
     #: deaths whose lease ran out before a restart or failover, counted after it.
     counted_later: int = 0
+    #: Jobs a stopping worker handed back, and leases requeued under the ``stopping`` verdict
+    #: (rq-epoch's per-queue counters; 0 for stock).
+    handed_back: int = 0
+    stopping: int = 0
 
     def row(self) -> dict[str, Any]:
         """The audit table's row, as numbers and short texts."""
@@ -154,8 +167,16 @@ class SideResult:
             'faults_skipped': events['fault-skipped'],
             'worker_exits': events['worker-exit'],
             'worker_exits_own': sum(
-                1 for e in self.events if e['kind'] == 'worker-exit' and e['cause'] != 'harness kill'
+                1 for e in self.events if e['kind'] == 'worker-exit' and e['cause'] not in ('harness kill', 'deploy')
             ),
+            'deploys': events['deploy-done'],
+            'deploy_stops': events['deploy-stop'],
+            'deploy_sequences': dict(Counter(e['sequence'] for e in self.events if e['kind'] == 'deploy-stop')),
+            'deploy_kills': events['deploy-kill'],
+            'handed_back': self.handed_back,
+            'stopping_verdicts': self.stopping,
+            'deploy_stalls': sum(j.deploy_stalls for j in healthy),
+            'healthy_failed_after_deploy': sum(1 for j in failed if j.attempts and j.attempts[-1].reason == 'deploy'),
             'orphans_ended': events['orphan-ended']
             + sum(len(e.get('ended_leftovers', [])) for e in self.events if e['kind'] == 'worker-exit'),
             'wall_seconds': round(self.wall, 1),

@@ -18,7 +18,7 @@ from rq_epoch.embedded import EmbeddedServer
 from rq_epoch.protocol import keys
 
 from .audit import audit
-from .plan import BUSY_WAIT, ROOT, SERVER_ERRORS, Config, FaultSpec, Plan
+from .plan import BUSY_WAIT, DEPLOY_BOUND, ROOT, SERVER_ERRORS, Config, FaultSpec, Plan
 from .processes import Recorder, Supervisor, epoch_environment
 from .producer import Producer
 from .results import SideResult
@@ -61,6 +61,10 @@ class SideRun:
         self.sweeper: subprocess.Popen[bytes] | None = None
         self.producer: Producer | None = None
         self.t0 = time.time()
+        #: Rolling deploys begun so far (each stops every worker slot in turn).
+        self.deploys = 0
+        #: Whether a rolling deploy is under way (the next one waits for it).
+        self.deploying = False
 
     # -- running ---------------------------------------------------------------------
 
@@ -188,6 +192,7 @@ class SideRun:
             heapq.heappush(events, (t0 + fault.at, i, 'fault', fault))
         seq = len(events)
         bound = t0 + self.cfg.duration + self.cfg.freeze_seconds + 3 * self.cfg.down_max + 120
+        bound += self.cfg.deploys * self.cfg.workers * (self.cfg.shutdown_timeout + 15)
         while (events or self.producer.is_alive()) and time.time() < bound:
             self.supervisor.tick()
             while events and events[0][0] <= time.time():
@@ -209,6 +214,13 @@ class SideRun:
             fault: FaultSpec = payload
             if fault.kind in ('failover', 'primary-freeze'):
                 return self._topology_fault(fault)
+            if fault.kind == 'deploy':
+                if self.deploying:
+                    return (time.time() + 0.5, 'fault', fault)  # one rolling deploy at a time
+                self.deploying = True
+                self.deploys += 1
+                self.recorder.add('deploy-start', deploy=self.deploys, planned=fault.at)
+                return (time.time(), 'deploy-step', DeployStep(fault, self.deploys, 0))
             if fault.kind in ('restart', 'crash'):
                 if not self.server_up:
                     return (time.time() + 0.5, 'fault', fault)  # never two outages at once
@@ -242,12 +254,64 @@ class SideRun:
             slot, pid = payload
             self.recorder.add('thaw', slot=slot.index, pid=pid, resumed=self.supervisor.thaw(slot, pid))
             return None
+        if what.startswith('deploy-'):
+            return self._deploy(what, payload)
         if what == 'primary-thaw':
             self.topology.thaw(payload)
             self.recorder.add('primary-thaw', port=payload.port, pid=payload.pid)
             self.topology_busy_until = time.time() + 2.0
             return None
         raise ValueError(what)
+
+    def _deploy(self, what: str, step: DeployStep) -> tuple[float, str, Any] | None:
+        """One step of a rolling deploy: stop the slot's worker with its sequence (once it runs a job,
+        or after :data:`BUSY_WAIT` seconds), follow up when its grace is over if it still runs, wait
+        for its replacement, then go on with the next slot."""
+        assert self.supervisor is not None
+        slot = self.supervisor.slots[step.index]
+        sequence, grace = step.fault.steps[step.index]
+        if sequence == 'sigint-twice':
+            grace = max(grace, 1.5)  # RQ ignores a second signal within a second of the first
+        now = time.time()
+        if what == 'deploy-step':
+            step.tries += 1
+            if not slot.alive or slot.frozen:
+                if step.tries > 600:  # about two minutes without a running worker there
+                    self.recorder.add('fault-skipped', fault='deploy', slot=slot.index, why='no worker to stop')
+                    return self._next_slot(step)
+                return (now + 0.2, 'deploy-step', step)
+            if not self.supervisor.horses_of(slot) and step.tries * 0.2 < BUSY_WAIT:
+                return (now + 0.2, 'deploy-step', step)  # a deploy that meets a running job
+            info = self.supervisor.deploy_stop(slot, sequence)
+            self.recorder.add('deploy-stop', deploy=step.number, grace=grace, **info)
+            step.pid, step.stopped = info['pid'], now
+            return (now + 0.1, 'deploy-wait', step)
+        # deploy-wait: until the old worker is gone and its replacement runs.
+        if slot.proc is not None and slot.proc.pid != step.pid and slot.alive:
+            return self._next_slot(step)
+        old_runs = slot.proc is not None and slot.proc.pid == step.pid and slot.proc.poll() is None
+        if old_runs and not step.followed and now >= step.stopped + grace:
+            step.followed = True
+            killed = self.supervisor.deploy_follow_up(slot, step.pid, sequence, final=False)
+            if killed:
+                self.recorder.add('deploy-kill', deploy=step.number, slot=slot.index, pid=step.pid, killed=killed)
+            elif sequence == 'sigint-twice':
+                self.recorder.add('deploy-second-sigint', deploy=step.number, slot=slot.index, pid=step.pid)
+        elif old_runs and now > step.stopped + grace + DEPLOY_BOUND:
+            killed = self.supervisor.deploy_follow_up(slot, step.pid, sequence, final=True)
+            if killed:
+                self.recorder.add('deploy-kill', deploy=step.number, slot=slot.index, pid=step.pid, killed=killed)
+        return (now + 0.1, 'deploy-wait', step)
+
+    def _next_slot(self, step: DeployStep) -> tuple[float, str, Any] | None:
+        """The deploy's next slot, or its end after the last one."""
+        if step.index + 1 < len(step.fault.steps) and step.index + 1 < len(
+            self.supervisor.slots if self.supervisor else []
+        ):
+            return (time.time(), 'deploy-step', DeployStep(step.fault, step.number, step.index + 1))
+        self.recorder.add('deploy-done', deploy=step.number)
+        self.deploying = False
+        return None
 
     def _drain(self) -> None:
         """Wait, bounded, until every job has ended (or only dead-ends are left)."""
@@ -314,6 +378,20 @@ class SideRun:
                 self.topology.close()
             else:
                 self.server.close()
+
+
+class DeployStep:
+    """Where a rolling deploy is: which deploy, which slot, the worker told to stop and when."""
+
+    def __init__(self, fault: FaultSpec, number: int, index: int) -> None:
+        """Slot ``index`` of deploy ``number`` (planned as ``fault``)."""
+        self.fault = fault
+        self.number = number
+        self.index = index
+        self.tries = 0
+        self.pid = 0
+        self.stopped = 0.0
+        self.followed = False
 
 
 def _run_id(server: EmbeddedServer) -> str:

@@ -8,12 +8,14 @@ a private part is here (:func:`record_job_failure`).
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Sequence
 from types import CodeType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rq.job import Job as RQJob
 from rq.job import JobStatus
+from rq.timeouts import UnixSignalDeathPenalty
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     'attach_job',
+    'bring_monitor_alarm_forward',
     'change_job_class',
     'dependency_ids',
     'exception_handlers',
@@ -193,3 +196,21 @@ def scheduler_process(scheduler: RQScheduler) -> BaseProcess | None:
     """The process RQ's scheduler runs in, once the worker started it (RQ's ``_process``)."""
     process: BaseProcess | None = scheduler._process
     return process
+
+
+def bring_monitor_alarm_forward() -> bool:
+    """End the current wait of RQ's work-horse monitor now, when one is under way; True if so.
+
+    RQ's monitor waits for the work-horse in ``wait4`` inside a death penalty of one monitoring
+    interval: with :class:`rq.timeouts.UnixSignalDeathPenalty` (RQ's default where SIGALRM
+    exists), a SIGALRM whose handler is the death penalty's raises its timeout exception, and
+    RQ's loop then looks at the job (heartbeats, then waits again). That the handler installed
+    during the wait is a bound method of that class is not promised by RQ. Brought forward
+    only while that handler is installed: outside a death penalty SIGALRM's action is the
+    default one, which would end the process. To be called in the main thread (a signal handler).
+    """
+    handler = signal.getsignal(signal.SIGALRM)
+    if not isinstance(getattr(handler, '__self__', None), UnixSignalDeathPenalty):
+        return False
+    signal.setitimer(signal.ITIMER_REAL, 0.001)
+    return True

@@ -7,7 +7,8 @@ Connection options are RQ's own (``--url/-u`` and ``RQ_REDIS_URL``, ``--config/-
 settings modules that work for ``rq info`` work here.
 
 Exit status: 0 on success (whatever the verdicts), 1 when the server could not be reached
-or refused a command (one line on stderr), 2 for bad usage.
+or refused a command (one line on stderr), 2 for bad usage; ``worker`` exits with 78 when the
+server is older than Redis 6.2 (see :data:`EXIT_SERVER_TOO_OLD`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ import redis.exceptions
 from click.core import ParameterSource
 
 from .. import __version__
-from ..errors import ConfigurationError, RqEpochError
+from ..errors import ConfigurationError, RqEpochError, UnsupportedServerError
 from ..jobs.job import Job
 from ..protocol import keys
 from ..protocol.report import LeaseVerdict, SweepReport
-from ..protocol.server import read_epoch
+from ..protocol.server import read_epoch, read_server_version
 from ..protocol.verdicts import Verdict
 from ..settings import EpochSettings
 from ..sweep.deadletters import DeadLetters
@@ -62,6 +63,11 @@ __all__ = ['CliConfig', 'main']
 
 #: A sweep with more expired leases than this shows a progress bar on a terminal.
 PROGRESS_THRESHOLD = 1000
+
+#: ``rq-epoch worker``'s exit status when the server is older than rq-epoch (and RQ) needs,
+#: Redis before 6.2. Starting again will not help, so it is not the status of a crash:
+#: sysexits' ``EX_CONFIG``, which the systemd example does not restart (``RestartPreventExitStatus``).
+EXIT_SERVER_TOO_OLD = 78
 
 #: ``--grace`` of the commands that only look (status, exporter).
 grace_option = click.option('--grace', type=click.IntRange(min=0), help='Restart grace in seconds (as for sweep).')
@@ -502,6 +508,12 @@ def exporter(
     )
     auth = BasicAuth(plan.credentials) if plan.credentials is not None else None
     try:
+        read_server_version(cli_config.connection)
+    except UnsupportedServerError as exc:
+        fail(str(exc))
+    except redis.exceptions.RedisError:
+        pass  # a server down now: the scrapes say so (rq_epoch_up 0)
+    try:
         metrics = metrics_app(collector)
     except RqEpochError as exc:
         fail(str(exc))
@@ -558,7 +570,8 @@ WORKER_HELP_NOTE = """\
 rq-epoch worker is RQ's `rq worker` (its help follows) with two additions:
   --worker-class rq_epoch.Worker unless -w/--worker-class or RQ_WORKER_CLASS chooses a class;
   a start while the server is down or loading waits for it (one log line, then one when it is
-  back), up to RQ_EPOCH_STARTUP_WAIT seconds (default 300), instead of exiting.
+  back), up to RQ_EPOCH_STARTUP_WAIT seconds (default 300), instead of exiting; a server older
+  than Redis 6.2 is not waited for: it exits at once with status 78.
 """
 
 
@@ -598,8 +611,15 @@ def worker(ctx: click.Context) -> None:
 
         log = logging.getLogger('rq.worker')
         started = time.monotonic()
+
+        def ready() -> None:
+            read_server_version(connection)  # a server too old is no outage: not waited for
+            is_suspended(connection)
+
         try:
-            wait_while_unavailable(lambda: is_suspended(connection), limit=limit, log=log, name=name or '(starting)')
+            wait_while_unavailable(ready, limit=limit, log=log, name=name or '(starting)')
+        except UnsupportedServerError as exc:
+            fail(str(exc), EXIT_SERVER_TOO_OLD)
         except (redis.exceptions.RedisError, OSError) as exc:
             fail(f'cannot reach the server: {exc}')
         finally:

@@ -32,10 +32,10 @@ __all__ = ['CliConfig', 'fail', 'pass_cli_config', 'server_errors']
 F = TypeVar('F', bound=Callable[..., Any])
 
 
-def fail(message: str) -> NoReturn:
-    """Print a one-line error on stderr and exit with status 1."""
+def fail(message: str, status: int = 1) -> NoReturn:
+    """Print a one-line error on stderr and exit with ``status`` (1 unless said otherwise)."""
     click.echo(f'Error: {one_line(message)}', err=True)
-    sys.exit(1)
+    sys.exit(status)
 
 
 class CliConfig:

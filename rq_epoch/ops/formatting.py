@@ -157,6 +157,12 @@ def format_status(
             lines.append(f'  sweep counters    {shown or "none"}')
         refused = counters.get('refused', 0)
         lines.append(f'  stale outcomes    {refused} refused (outcomes of executions whose lease had been taken)')
+        handed = counters.get('handed_back', 0)
+        stopping = counters.get(Verdict.STOPPING.value, 0)
+        lines.append(
+            f'  handed back       {handed} (jobs workers told to stop gave back), '
+            f'{stopping} stopping (their workers killed first; requeued by a sweep), none counted'
+        )
         since = q['seconds_since_last_sweep']
         lines.append(f'  last sweep        {duration(int(since)) + " ago" if since is not None else "none recorded"}')
         if q['truncated']:
@@ -179,6 +185,10 @@ def format_job(job: dict[str, Any], current: ServerEpoch) -> list[str]:
             here = ' (the current server process)' if run_id == current.run_id else ''
             lines.append(f'  counted under      {run_id} x{n}{here}')
     lines.append(f'  exempt recoveries  {job["exempt_recoveries"]} (leases that crossed a restart, not counted)')
+    lines.append(f'  handed back        {job["handed_back"]} (its worker was told to stop; not counted)')
+    lines.append(
+        f'  stopping           {job["stopping_recoveries"]} (its worker was told to stop and killed first; not counted)'
+    )
     lease = job['lease']
     stamp = job['lease_epoch'] or '(none)'
     whose = 'the current server process' if job['lease_epoch_is_current'] else 'another server process'

@@ -9,7 +9,7 @@ from rq.job import JobStatus
 from ..compat import text
 from ..errors import StalledJobError
 from ..jobs.job import Job
-from ..protocol import keys
+from ..protocol import epoch, keys
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -20,6 +20,19 @@ __all__ = ['job_history']
 def _status(job: Job) -> str:
     status = job.get_status(refresh=False)
     return str(getattr(status, 'value', status) or '')
+
+
+def _count(raw: Any) -> int:
+    value = text(raw)
+    return int(value) if value.isdigit() else 0
+
+
+def _stop_mark(raw: Any, lease_execution: str | None) -> dict[str, float] | None:
+    """The stop mark of the lease the job holds now, if its worker was told to stop."""
+    mark = epoch.parse_stop_mark(raw)
+    if mark is None or mark.execution_id != lease_execution:
+        return None
+    return {'marked_at': mark.marked_at, 'until': mark.until}
 
 
 def job_history(
@@ -35,6 +48,10 @@ def job_history(
 
     ``stalled`` is read as :class:`rq_epoch.Job` reads it (a dead letter requeued by hand
     reads 0). ``stall_epochs`` lists the server epoch of each stall counted in ``stalled``.
+    ``handed_back`` counts the times a worker told to stop handed it back, and
+    ``stopping_recoveries`` the times a sweep requeued it because its worker, told to stop, was
+    killed first (verdict ``stopping``); neither is a counted stall. ``stop_mark`` is the
+    stop mark of the lease it holds now (server times), if its worker was told to stop.
     ``dead_letter`` says whether the job is a dead letter now; ``requeued_since_dead_letter``
     whether it was one and was requeued since; ``dead_letter_results`` are its failure
     results that a dead-lettering wrote (newest first, as far as RQ keeps results).
@@ -44,7 +61,9 @@ def job_history(
     """
     job = cast(Job, job_class.fetch(job_id, connection=connection, serializer=serializer))
     status = _status(job)
-    stall_dead, stall_epochs = connection.hmget(job.key, 'stall_dead', 'stall_epochs')  # type: ignore[misc]
+    stall_dead, stall_epochs, handed_back, stopping, stop_mark = connection.hmget(  # type: ignore[misc]
+        job.key, 'stall_dead', 'stall_epochs', 'handed_back', 'stopping_recoveries', keys.STOP_MARK_FIELD
+    )
     seconds, micros = connection.time()  # type: ignore[misc]
     now = float(seconds) + float(micros) / 1e6
     lease = None
@@ -78,6 +97,9 @@ def job_history(
         'max_stalled': job.max_stalled or default_max_stalled,
         'max_stalled_source': 'job' if job.max_stalled else 'default',
         'exempt_recoveries': job.exempt_recoveries,
+        'handed_back': _count(handed_back),
+        'stopping_recoveries': _count(stopping),
+        'stop_mark': _stop_mark(stop_mark, job.lease_execution),
         'stall_epochs': epochs,
         'lease_epoch': job.lease_epoch,
         'lease_epoch_is_current': bool(job.lease_epoch) and job.lease_epoch == run_id,

@@ -112,6 +112,8 @@ class QueueMetrics:
     last_sweep: float = 0.0
     #: Outcomes of stale executions refused by the fence (0 until fencing records some).
     refused: int = 0
+    #: Jobs handed back to the front of the queue by workers told to stop (deploys).
+    handed_back: int = 0
     #: Managed leases per state (:data:`LEASE_STATES`).
     leases: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEASE_STATES, 0))
     #: Entries of RQ's started registry held by stock RQ workers (a finite score).
@@ -199,6 +201,7 @@ def read_snapshot(
         q.verdicts = {verdict: int(_number(counters.get(verdict))) for verdict in SWEPT_VERDICTS}
         q.last_sweep = _number(counters.get('last_sweep'))
         q.refused = int(_number(counters.get('refused')))
+        q.handed_back = int(_number(counters.get('handed_back')))
         q.leases['live'] = n_leases - n_expired
         q.stock_leases = int(reading.stock_leases)
         q.truncated = n_leases > limit or int(reading.queued) > limit or int(reading.failed) > limit
@@ -301,6 +304,7 @@ class _JobFields:
     lease_execution: str | None
     stalled: str | None
     stall_dead: str | None
+    stop_mark: str | None
 
     @classmethod
     def queue(cls, pipeline: Pipeline, job_id: str) -> None:
@@ -352,6 +356,9 @@ def _lease_state(
         never_started = True  # granted, then its worker died before starting it: never counted
     else:
         return 'expired-stale'
+    if epoch.within_stop_window(execution, deadline, epoch.parse_stop_mark(row.stop_mark)):
+        # Its worker was told to stop and was killed first (verdict stopping): never counted.
+        return 'deferred' if age < grace and lease_epoch != run_id else 'expired-uncounted'
     seen = (seen_alive or {}).get(lease_epoch or '')
     if not never_started and epoch.is_counted(lease_epoch, run_id, deadline=deadline, seen_alive=seen):
         return 'expired-counted'
@@ -430,6 +437,7 @@ class EpochCollector:
         grace = gauge('rq_epoch_restart_grace_remaining_seconds', _HELP['grace_remaining'])
         verdicts = counter('rq_epoch_sweep_verdicts', _HELP['verdicts'], labels=['queue', 'verdict'])
         refused = counter('rq_epoch_stale_outcomes_refused', _HELP['refused'], labels=['queue'])
+        handed_back = counter('rq_epoch_handed_back', _HELP['handed_back'], labels=['queue'])
         last_sweep = gauge('rq_epoch_last_sweep_timestamp_seconds', _HELP['last_sweep'], labels=['queue'])
         leases = gauge('rq_epoch_leases', _HELP['leases'], labels=['queue', 'state'])
         stock = gauge('rq_epoch_stock_leases', _HELP['stock'], labels=['queue'])
@@ -445,6 +453,7 @@ class EpochCollector:
                 for verdict in SWEPT_VERDICTS:
                     verdicts.add_metric([q.name, verdict], q.verdicts.get(verdict, 0))
                 refused.add_metric([q.name], q.refused)
+                handed_back.add_metric([q.name], q.handed_back)
                 last_sweep.add_metric([q.name], q.last_sweep)
                 for state in LEASE_STATES:
                     leases.add_metric([q.name, state], q.leases[state])
@@ -452,7 +461,21 @@ class EpochCollector:
                 dead.add_metric([q.name], q.dead_letters)
                 stalled.add_metric([q.name], q.stalled_jobs)
                 truncated.add_metric([q.name], 1 if q.truncated else 0)
-        yield from (up, info, age, grace, verdicts, refused, last_sweep, leases, stock, dead, stalled, truncated)
+        yield from (
+            up,
+            info,
+            age,
+            grace,
+            verdicts,
+            refused,
+            handed_back,
+            last_sweep,
+            leases,
+            stock,
+            dead,
+            stalled,
+            truncated,
+        )
 
 
 _HELP = {
@@ -462,6 +485,7 @@ _HELP = {
     'grace_remaining': 'Seconds until leases of an older epoch may be swept; 0 once the restart grace is over.',
     'verdicts': 'Expired leases the sweep judged, per verdict (kept in the server: they survive restarts).',
     'refused': 'Outcomes of stale executions refused by the lease fence.',
+    'handed_back': 'Running jobs handed back to the front of their queue, uncounted, by workers told to stop.',
     'last_sweep': 'Server time of the last sweep of the queue, in seconds since the Unix epoch; 0 if none recorded.',
     'leases': 'Leases of running jobs managed by rq-epoch, per state: live, or expired and what the next sweep '
     'will do with them (counted stall, uncounted requeue, deferred for the restart grace, stale entry).',

@@ -241,6 +241,13 @@ class StatusPage:
             deferred = expired.get(Verdict.DEFERRED.value, 0)
             counters = q['counters']
             counted = counters.get(Verdict.RECOVERED.value, 0) + counters.get(Verdict.DEAD.value, 0)
+            # Requeued without a counted stall: after a restart (exempt), or a deploy (handed
+            # back by the worker, or stopping: its worker was killed before it could).
+            uncounted = (
+                counters.get(Verdict.EXEMPT.value, 0)
+                + counters.get(Verdict.STOPPING.value, 0)
+                + counters.get('handed_back', 0)
+            )
             live = f'{q["live_leases"]}'
             if q['stock_live_leases']:
                 live += f' (+{q["stock_live_leases"]} stock)'
@@ -252,7 +259,7 @@ class StatusPage:
                 f'<td class="n expired">{waiting}{detail}</td>',
                 f'<td class="n deferred">{deferred}</td>',
                 f'<td class="n counted">{counted}</td>',
-                f'<td class="n uncounted">{counters.get(Verdict.EXEMPT.value, 0)}</td>',
+                f'<td class="n uncounted">{uncounted}</td>',
                 f'<td class="n dead{" bad" if q["dead_letters"] else ""}">{len(q["dead_letters"])}</td>',
                 self._last_sweep_cell(q['seconds_since_last_sweep']),
             ]
@@ -399,6 +406,14 @@ class JobPage:
                 'Uncounted recoveries',
                 f'<span id="job-exempt">{int(history["exempt_recoveries"])}</span> '
                 '(leases that crossed a restart, not counted)',
+            )
+        )
+        rows.append(
+            (
+                'Handed back',
+                f'<span id="job-handed-back">{int(history["handed_back"])}</span> by a worker told to stop, '
+                f'<span id="job-stopping">{int(history["stopping_recoveries"])}</span> by a sweep after its '
+                'worker was killed while stopping (not counted)',
             )
         )
         stamp = e(history['lease_epoch'] or '(none)')

@@ -16,6 +16,13 @@ of the server process it is talking to now:
   before rq-epoch was installed. The lease is *exempt*: the job is requeued and its stall
   count is left alone.
 
+A lease whose worker was told to stop carries a *stop mark* (:class:`StopMark`, written by the
+``stopmark`` script with the server's ``TIME``). An expired lease that is marked by the
+execution that held it, and whose deadline falls within the stop window after the mark
+(:func:`within_stop_window`), was cut off by its worker's own stop (a deploy): it is requeued
+uncounted, verdict ``stopping``. An unmarked lease, or one that ran out after the window, is
+judged as above.
+
 This module is pure: no I/O. The server-side scripts in ``rq_epoch/protocol/lua/`` apply the
 same rule in Lua; the tests check both against the same vectors.
 """
@@ -28,12 +35,15 @@ from dataclasses import dataclass
 __all__ = [
     'ALIVE_MARGIN',
     'SeenAlive',
+    'StopMark',
     'died_under',
     'is_counted',
     'is_exempt',
     'is_valid_run_id',
     'parse_run_id',
     'parse_seen_alive',
+    'parse_stop_mark',
+    'within_stop_window',
 ]
 
 #: Seconds by which a process's last sign of life must pass a lease's deadline for the lease
@@ -136,3 +146,45 @@ def is_exempt(
 ) -> bool:
     """Return True when an expired lease may have crossed a restart or failover (or was never stamped)."""
     return not is_counted(lease_epoch, current_run_id, deadline=deadline, seen_alive=seen_alive)
+
+
+@dataclass(frozen=True)
+class StopMark:
+    """A lease marked *stopping*: the job hash's ``stop_mark`` field, ``"<execution_id> <marked_at> <until>"``.
+
+    ``marked_at`` is the server's ``TIME`` when the worker, told to stop, marked the lease;
+    ``until`` is the end of the stop window (``marked_at`` plus the worker's
+    :attr:`rq_epoch.settings.EpochSettings.stop_window`), server time too.
+    """
+
+    execution_id: str
+    marked_at: float
+    until: float
+
+
+def parse_stop_mark(value: str | bytes | None) -> StopMark | None:
+    """Read a ``stop_mark`` field; None when it is missing or has another shape."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode('utf-8', 'replace')
+    parts = value.split(' ')
+    if len(parts) != 3 or not parts[0]:
+        return None
+    try:
+        return StopMark(execution_id=parts[0], marked_at=float(parts[1]), until=float(parts[2]))
+    except ValueError:
+        return None
+
+
+def within_stop_window(execution_id: str | None, deadline: float | None, mark: StopMark | None) -> bool:
+    """Whether an expired lease of ``execution_id`` ran out within its stop window.
+
+    True when the lease is marked by that same execution and its ``deadline`` falls from the
+    mark to the end of the window, both included. A lease that had already run out when it
+    was marked, one marked by an earlier execution of the job, or one that ran out after the
+    window is judged by the epoch rule instead.
+    """
+    if mark is None or deadline is None or not execution_id or mark.execution_id != execution_id:
+        return False
+    return mark.marked_at <= deadline <= mark.until

@@ -46,6 +46,7 @@ __all__ = [
     'results_key',
     'startup_probe_key',
     'stats_key',
+    'STOP_MARK_FIELD',
     'taken_field',
     'tickets_key',
     'watch_key',
@@ -98,6 +99,11 @@ def taken_field(execution_id: str) -> str:
     and commit scripts read it, so the execution learns which verdict took its lease.
     """
     return f'taken:{execution_id}'
+
+
+#: Field of the job hash where a worker told to stop marks its execution's lease stopping:
+#: ``"<execution_id> <marked_at> <until>"``, server time (``stopmark.lua``; read by the sweep).
+STOP_MARK_FIELD = 'stop_mark'
 
 
 #: Seconds the record of an unleased execution's commit is kept: longer than any worker

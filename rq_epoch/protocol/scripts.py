@@ -34,8 +34,10 @@ __all__ = [
     'commit',
     'extend',
     'grant',
+    'handback',
     'raise_typed',
     'rescue',
+    'stopmark',
     'sweep',
     'take',
     'ticket',
@@ -130,9 +132,23 @@ commit = _verb('commit')
 take = _verb('take')
 watch = _verb('watch')
 ticket = _verb('ticket')
+stopmark = _verb('stopmark')
+handback = _verb('handback')
 
 
 def load_all(connection: Redis) -> None:
     """Load every script (a worker does this at start and after the server returns)."""
-    for script in (grant(), extend(), sweep(), rescue(), claim(), commit(), take(), watch(), ticket()):
+    for script in (
+        grant(),
+        extend(),
+        sweep(),
+        rescue(),
+        claim(),
+        commit(),
+        take(),
+        watch(),
+        ticket(),
+        stopmark(),
+        handback(),
+    ):
         script.load(connection)

@@ -1,4 +1,4 @@
-"""The server a sweep or a worker talks to: its epoch (run_id) and its role as primary.
+"""The server a sweep or a worker talks to: its version, its epoch (run_id) and its role as primary.
 
 Read-only helpers for start-up checks and status views; the scripts apply the same rules
 in the server (``lua/_epoch.lua``).
@@ -6,19 +6,100 @@ in the server (``lua/_epoch.lua``).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError, ResponseError
 
 from ..compat import text
-from ..errors import EpochUnavailableError
+from ..errors import EpochUnavailableError, UnsupportedServerError
 from . import epoch, keys
 
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['REPLICA_MAX_LAG', 'PrimaryState', 'ServerEpoch', 'primary_state', 'read_epoch', 'read_primary_state']
+__all__ = [
+    'MINIMUM_REDIS_VERSION',
+    'REPLICA_MAX_LAG',
+    'PrimaryState',
+    'ServerEpoch',
+    'ServerVersion',
+    'check_server_version',
+    'primary_state',
+    'read_epoch',
+    'read_primary_state',
+    'read_server_version',
+    'server_version',
+]
+
+#: The oldest Redis rq-epoch runs on. Redis 6.2 brought ``LMOVE`` and ``BLMOVE``, with which RQ
+#: takes a job from a single queue into its intermediate list (and which rq-epoch relies on).
+#: Every Valkey is newer: Valkey reports ``redis_version:7.2.4``, the Redis it is compatible with.
+MINIMUM_REDIS_VERSION = (6, 2, 0)
+
+_VERSION = re.compile(r'(\d+)\.(\d+)(?:\.(\d+))?')
+
+
+@dataclass(frozen=True)
+class ServerVersion:
+    """The server software as ``INFO server`` names it."""
+
+    #: ``Redis``, or ``Valkey`` when the server reports a ``valkey_version``.
+    name: str
+    #: Its own version, as reported (``6.2.14``; ``8.1.1`` for Valkey 8.1.1).
+    version: str
+    #: The Redis version it answers as (``redis_version``: Valkey's is ``7.2.4``): what rq-epoch
+    #: needs is judged on it.
+    redis_version: tuple[int, int, int]
+
+    def __str__(self) -> str:
+        return f'{self.name} {self.version}'
+
+    @property
+    def supported(self) -> bool:
+        """Whether rq-epoch runs on this server (Redis 6.2 or later, any Valkey)."""
+        return self.redis_version >= MINIMUM_REDIS_VERSION
+
+
+def _version_numbers(value: Any) -> tuple[int, int, int] | None:
+    match = _VERSION.match(str(value)) if value is not None else None
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def server_version(info: Mapping[str, Any]) -> ServerVersion | None:
+    """The server's name and version from a parsed ``INFO server`` reply; None if it names none.
+
+    Redis reports ``redis_version``; Valkey reports ``valkey_version`` (its own) and
+    ``redis_version`` 7.2.4 (the Redis it is compatible with).
+    """
+    numbers = _version_numbers(info.get('redis_version'))
+    if numbers is None:
+        return None
+    valkey = info.get('valkey_version')
+    if valkey is not None:
+        return ServerVersion('Valkey', str(valkey), numbers)
+    return ServerVersion('Redis', str(info['redis_version']), numbers)
+
+
+def check_server_version(info: Mapping[str, Any]) -> ServerVersion | None:
+    """Refuse a server older than rq-epoch needs, from its parsed ``INFO server`` reply.
+
+    A reply without a version (no ``redis_version``, or not ``X.Y[.Z]``) is not refused:
+    nothing tells it is too old, and the run_id's shape check still applies.
+
+    Raises:
+        UnsupportedServerError: Redis before 6.2 (no ``BLMOVE``).
+    """
+    version = server_version(info)
+    if version is not None and not version.supported:
+        needed = '.'.join(str(n) for n in MINIMUM_REDIS_VERSION[:2])
+        raise UnsupportedServerError(str(version), f'Redis {needed} or later, or Valkey')
+    return version
 
 
 @dataclass(frozen=True)
@@ -30,13 +111,35 @@ class ServerEpoch:
     role: str = ''
 
 
+def read_server_version(connection: Redis) -> ServerVersion | None:
+    """Read the server's version with INFO server, refused when older than rq-epoch needs.
+
+    For a start that does not need the epoch itself (``rq-epoch worker`` before RQ's worker
+    starts, whatever its class). None when INFO is refused (the epoch check says so where the
+    epoch is needed) or names no version.
+
+    Raises:
+        UnsupportedServerError: the server is Redis before 6.2.
+    """
+    try:
+        info = connection.info('server')
+    except ResponseError as exc:
+        if isinstance(exc, NoPermissionError) or str(exc).startswith('NOPERM'):
+            return None
+        raise
+    return check_server_version(info)
+
+
 def read_epoch(connection: Redis, *, with_role: bool = True) -> ServerEpoch:
     """Read the current epoch with INFO server, for start-up checks and status views.
 
     ``with_role=False`` skips the extra INFO replication round trip (the sweep needs no role).
+    The same reply says which server it is: one older than rq-epoch needs is refused here
+    (:func:`check_server_version`), before anything is written.
 
     Raises:
         EpochUnavailableError: INFO is refused (ACL) or has no valid run_id.
+        UnsupportedServerError: the server is Redis before 6.2.
     """
     try:
         info = connection.info('server')
@@ -47,6 +150,7 @@ def read_epoch(connection: Redis, *, with_role: bool = True) -> ServerEpoch:
                 f'rq-epoch needs INFO server to read the run_id: {exc}'
             ) from exc
         raise
+    check_server_version(info)
     run_id = info.get('run_id')
     if not epoch.is_valid_run_id(str(run_id) if run_id is not None else None):
         raise EpochUnavailableError(

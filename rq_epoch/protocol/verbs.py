@@ -16,6 +16,8 @@ rescue     :func:`rescue`                :class:`SweepReply`
 take       :func:`take`                  :class:`TakeReply`
 watch      :func:`watch`                 :class:`Role`
 ticket     :func:`ticket`                :class:`SweepTickets`
+stopmark   :func:`stop_mark`             :class:`StopMarkReply`
+handback   :func:`hand_back`             :class:`HandBackReply`
 =========  ============================  ==========================================
 
 Some calls are not sent by a wrapper but queued on a pipeline, to ride in a round trip that
@@ -48,7 +50,9 @@ __all__ = [
     'DeadLetterClaim',
     'ExtendReply',
     'GrantReply',
+    'HandBackReply',
     'Role',
+    'StopMarkReply',
     'SweepReply',
     'SweepTickets',
     'TakeReply',
@@ -56,7 +60,9 @@ __all__ = [
     'commit',
     'extend',
     'grant',
+    'hand_back',
     'rescue',
+    'stop_mark',
     'sweep',
     'take',
     'ticket',
@@ -167,6 +173,76 @@ class CommitReply:
 def commit(connection: Redis, keys: list[str], args: list[Any]) -> CommitReply:
     """Run the commit script (KEYS and ARGV as in ``lua/commit.lua``)."""
     return CommitReply.read(scripts.commit()(connection, keys, args))
+
+
+# -- stop mark and hand-back: a worker told to stop -------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopMarkReply:
+    """What the stopmark script did (``lua/stopmark.lua``)."""
+
+    #: True when the lease was this execution's, not expired, and is now marked stopping.
+    marked: bool
+    #: The server's TIME of the call (the mark's time when marked), in seconds.
+    marked_at: float
+    #: The end of the stop window, server time; 0 when not marked.
+    until: float
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> StopMarkReply:
+        """Decode ``{marked, marked_at, until}``."""
+        marked, marked_at, until = raw
+        return cls(marked=int(marked) == 1, marked_at=float(text(marked_at)), until=float(text(until)))
+
+
+def stop_mark(connection: Redis, keys: list[str], args: list[Any]) -> StopMarkReply:
+    """Run the stopmark script (KEYS and ARGV as in ``lua/stopmark.lua``)."""
+    return StopMarkReply.read(scripts.stopmark()(connection, keys, args))
+
+
+@dataclass(frozen=True)
+class HandBackReply:
+    """What the handback script decided (``lua/handback.lua``).
+
+    When refused, nothing was written (but the queue's ``refused`` counter, on evidence of
+    another holder) and ``reason``, ``detail`` and ``holder`` say why, as for a refused
+    outcome (:class:`CommitReply`).
+    """
+
+    #: True when the job is back at the front of its queue.
+    handed_back: bool
+    #: Server time of the hand-back; 0 when refused.
+    at: float = 0.0
+    #: Why it was refused: ``taken`` (a sweep took the lease), ``superseded`` (a newer
+    #: execution holds the job) or ``gone`` (the execution's own outcome landed, or the job
+    #: was deleted); '' when handed back.
+    reason: str = ''
+    #: The verdict of the sweep that took the lease (``taken``), the newer execution's id
+    #: (``superseded``), or ``handed_back`` when this execution's own hand-back had landed
+    #: already (``gone``, a call sent again).
+    detail: str = ''
+    #: The job's ``lease_execution`` when refused ('' if none).
+    holder: str = ''
+
+    @property
+    def landed_before(self) -> bool:
+        """True when the refusal says that this execution's own earlier hand-back landed."""
+        return self.reason == 'gone' and self.detail == 'handed_back'
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> HandBackReply:
+        """Decode ``{1, at}`` (handed back) or ``{0, reason, detail, holder}`` (refused)."""
+        status, *rest = raw
+        if int(status) == 1:
+            return cls(handed_back=True, at=float(text(rest[0])))
+        reason, detail, holder = rest
+        return cls(handed_back=False, reason=text(reason), detail=text(detail), holder=text(holder))
+
+
+def hand_back(connection: Redis, keys: list[str], args: list[Any]) -> HandBackReply:
+    """Run the handback script (KEYS and ARGV as in ``lua/handback.lua``)."""
+    return HandBackReply.read(scripts.handback()(connection, keys, args))
 
 
 # -- claim -------------------------------------------------------------------------------

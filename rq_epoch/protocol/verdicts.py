@@ -38,6 +38,9 @@ class Verdict(str, Enum):
     SETTLED = 'settled', logging.INFO, 'settled (job no longer started)'
     #: The lease crossed a server restart or failover: requeued, not counted.
     EXEMPT = 'exempt', logging.INFO, 'exempt (crossed a restart, not counted)'
+    #: The worker was told to stop (a deploy) and killed before it could hand the job back;
+    #: the lease ran out within its stop window: requeued, not counted.
+    STOPPING = 'stopping', logging.INFO, 'stopping (its worker was stopped, not counted)'
     #: The worker died while the server stayed up: the stall is counted, the job requeued.
     RECOVERED = 'recovered', logging.WARNING, 'recovered (counted stall, requeued)'
     #: A counted stall that exhausted the job's budget: dead-lettered to FailedJobRegistry.
@@ -66,5 +69,5 @@ class Verdict(str, Enum):
 
     @property
     def uncounted(self) -> bool:
-        """Whether the lease is (or would be) requeued without a counted stall (exempt, deferred)."""
-        return self in (Verdict.EXEMPT, Verdict.DEFERRED)
+        """Whether the lease is (or would be) requeued without a counted stall (exempt, stopping, deferred)."""
+        return self in (Verdict.EXEMPT, Verdict.STOPPING, Verdict.DEFERRED)

@@ -99,6 +99,7 @@ class Sweeper:
             batch_size=batch_size if batch_size is not None else base.batch_size,
         )
         self.connection = connection
+        self._server_checked = False
         self.job_class = resolve_job_class(type(self), job_class)
         self.serializer = resolve_serializer(serializer)
         self.failure_ttl = failure_ttl
@@ -163,11 +164,15 @@ class Sweeper:
 
         Raises:
             EpochUnavailableError: the server yields no valid run_id (nothing is written).
+            UnsupportedServerError: the server is older than rq-epoch needs (nothing is written).
         """
         names = list(queue_names)
         report = SweepReport(dry_run=dry_run)
-        if not names:  # no script call will read the epoch: check it here
+        if not names or not self._server_checked:
+            # The server's version, once per sweeper before its first script call, and the
+            # epoch when no script call will read it.
             current = read_epoch(self.connection, with_role=False)
+            self._server_checked = True
             report.run_id, report.uptime = current.run_id, current.uptime
         if names:
             with self._pinned() as client:

@@ -12,6 +12,12 @@ thing: a job running in-process cannot be stopped from the outside, so it runs t
 and then the fence refuses its outcome (nothing of it is written; the worker logs one
 warning and the server counts it). The keeper logs a warning as soon as it learns of it.
 
+Told to stop while a job runs (see :mod:`rq_epoch.worker.stopping`), the keeper marks the lease
+stopping; the job cannot be stopped on its own, so once the shutdown timeout has passed (or at a
+second signal) the keeper hands the job back and ends the process, exit status 0, with the job
+in it: what a supervisor's SIGKILL would do a little later, but with the job back at the front
+of its queue, uncounted. With ``unlimited`` the worker waits for the job, as RQ's does.
+
 ``rq worker --worker-class rq_epoch.SpawnWorker`` starts each work-horse with
 ``posix_spawn`` instead of ``fork`` (RQ's ``SpawnWorker``). The work-horse is a new process
 that reads the worker and the job from the server before the job starts;
@@ -38,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 from redis import ConnectionPool, Redis
 from redis.sentinel import Sentinel
 from rq.connections import get_connection_kwargs
+from rq.exceptions import ShutDownImminentException
 from rq.logutils import setup_loghandlers
 from rq.worker import BaseWorker
 from rq.worker import HerokuWorker as RQHerokuWorker
@@ -50,7 +57,7 @@ from ..errors import CONNECTION_ERRORS, ConfigurationError, RqEpochError
 from ..protocol.server import read_epoch
 from .failover import _WatchedConnection, is_sentinel_managed
 from .outcomes import with_backoff
-from .worker import Worker
+from .worker import STOP_SIGNALS, Worker
 
 if TYPE_CHECKING:
     from rq.executions import Execution
@@ -68,7 +75,7 @@ class LeaseKeeper(threading.Thread):
     it: then it logs a warning, since the job cannot be stopped in-process).
     """
 
-    def __init__(self, worker: Worker, job: Any, execution: Execution) -> None:
+    def __init__(self, worker: SimpleWorker, job: Any, execution: Execution) -> None:
         super().__init__(name=f'rq-epoch-lease-keeper-{job.id}', daemon=True)
         self.worker = worker
         self.job = job
@@ -79,14 +86,44 @@ class LeaseKeeper(threading.Thread):
         pool = worker.connection.connection_pool
         self.connection = type(worker.connection)(connection_pool=pool, single_connection_client=True)
 
+    #: Seconds between two looks at whether the worker was told to stop.
+    tick = 0.2
+
     def run(self) -> None:
         interval = self.worker.epoch_settings.heartbeat_interval
+        next_beat = time.monotonic() + interval
         try:
-            while not self.stopped.wait(interval):
-                if not self._beat():
+            while not self.stopped.wait(self.tick):
+                if self.worker.stop_request is not None and self._look_at_stop():
                     return
+                if time.monotonic() >= next_beat:
+                    if not self._beat():
+                        return
+                    next_beat = time.monotonic() + interval
         finally:
             self.connection.close()
+
+    def _look_at_stop(self) -> bool:
+        """The worker was told to stop: mark the lease stopping; once the hand-back is due, hand
+        the job back and end the process (exit status 0). True when there is nothing left to keep.
+
+        The job runs in this process and cannot be stopped on its own: past the shutdown
+        timeout, or at a cold stop, the process ends with it, as a supervisor's SIGKILL would
+        end it, but with the job back at the front of its queue, uncounted.
+        """
+        worker, stop = self.worker, self.worker.stop_request
+        if stop is None:
+            return False
+        if stop.marked_execution != self.execution.id:
+            worker.mark_stopping(self.job, self.execution, self.connection)
+        if not stop.due():
+            return False
+        reply = worker.hand_back(self.job, self.execution, self.connection)
+        if reply is not None and reply.reason == 'gone' and not reply.landed_before:
+            return True  # the job's outcome was written first: the worker stops once it returns
+        worker.log.warning('Worker %s: the job ran in this process, which ends now (exit status 0)', worker.name)
+        worker.exit_now()
+        return True
 
     def _beat(self) -> bool:
         """One heartbeat, retried through an outage; False once the lease is gone."""
@@ -153,17 +190,40 @@ class SimpleWorker(Worker, RQSimpleWorker):
     kill_horse = BaseWorker.kill_horse
     wait_for_horse = BaseWorker.wait_for_horse
 
+    _keeper: LeaseKeeper | None = None
+
     def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
         """Run the job in this process while a lease keeper thread keeps its lease."""
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
         keeper = LeaseKeeper(self, job, execution) if execution is not None and execution.job_id == job.id else None
         if keeper is not None:
             _without_signals(keeper.start)
+        self._keeper = keeper
         try:
             return super().perform_job(job, queue, *args, **kwargs)
         finally:
+            self._keeper = None
             if keeper is not None:
                 keeper.stop()
+
+    def _job_running(self) -> bool:
+        """Whether a job runs in this process now (its lease keeper is alive)."""
+        keeper = self._keeper
+        return keeper is not None and keeper.is_alive()
+
+    def exit_now(self) -> None:
+        """End this process at once with exit status 0, after its job was handed back.
+
+        Called from the lease keeper thread while the job runs in the main thread, where
+        nothing can stop it: the worker's registration is removed as RQ's teardown does, the
+        logs are flushed, and the process ends.
+        """
+        try:
+            self.register_death()
+        except Exception:  # noqa: BLE001 - the process ends either way; the registration expires
+            self.log.warning('Worker %s: could not remove its registration before exiting', self.name)
+        logging.shutdown()
+        os._exit(0)
 
 
 class SpawnWorker(Worker, RQSpawnWorker):
@@ -233,7 +293,9 @@ class SpawnWorker(Worker, RQSpawnWorker):
         )
         argv = [sys.executable, '-c', 'from rq_epoch.worker.flavours import _spawned_horse; _spawned_horse()']
         environ = {**os.environ, 'RQ_EPOCH_SPAWN_PAYLOAD': payload.hex(), 'PYTHONPATH': os.pathsep.join(sys.path)}
-        pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0)
+        # SIGTERM and SIGINT blocked from the start: the work-horse ignores them once it runs
+        # Python (_spawned_horse), and a stop signal sent meanwhile must not end it.
+        pid = os.posix_spawn(sys.executable, argv, environ, setpgroup=0, setsigmask=STOP_SIGNALS)
         rq_adapter.set_horse_pid(self, pid)
         self.procline(f'Spawned {pid} at {time.time()}')
 
@@ -243,11 +305,32 @@ class HerokuWorker(Worker, RQHerokuWorker):
 
     On SIGTERM the work-horse is sent SIGRTMIN and, :attr:`imminent_shutdown_delay`
     seconds later, the job gets ``rq.exceptions.ShutDownImminentException``, as with RQ's
-    class: the job may catch it to clean up; if it does not, its failure is recorded as RQ
-    records it (a retry if it has one left, else failed), through the fence. A platform
-    that then kills the worker (Heroku does, 30 s after SIGTERM) before the job ended leaves
-    its lease to the sweep: a worker death, counted as any other.
+    class: the job may catch it to clean up. If it lets it through, the job is not failed:
+    the work-horse hands it back to the front of its queue, uncounted, and exits (status 0),
+    and the worker stops as RQ's warm shutdown does. The worker's own shutdown timeout
+    still applies (whichever comes first hands the job back). The work-horse ignores SIGTERM
+    and SIGINT, as with RQ's class (Heroku sends SIGTERM to every process of a dyno).
     """
+
+    def setup_work_horse_signals(self) -> None:
+        """RQ's HerokuWorker signals in the work-horse (SIGRTMIN warns the job; SIGTERM and SIGINT
+        are ignored), let through once set (they were blocked across the fork)."""
+        RQHerokuWorker.setup_work_horse_signals(self)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def ride_out_before_function(self, job: Any, call: Any) -> Any:
+        """Run the job; a ``ShutDownImminentException`` it lets through hands it back instead of failing it."""
+        try:
+            return super().ride_out_before_function(job, call)
+        except ShutDownImminentException:
+            execution = self._horse_execution
+            if not self.is_horse or execution is None:
+                raise
+            reply = self.hand_back(job, execution)
+            if reply is None or not (reply.handed_back or reply.landed_before):
+                raise  # not this execution's any more: recorded as RQ does, and the fence decides
+            logging.shutdown()
+            os._exit(0)
 
 
 def connection_spec(connection: Redis) -> dict[str, Any]:
@@ -308,6 +391,11 @@ def _spawned_horse() -> None:
     outage meanwhile, and the execution from what the worker sent; watches the primary as the
     worker does; then runs the job as RQ's work-horse does.
     """
+    # Started with SIGTERM and SIGINT blocked (SpawnWorker.fork_work_horse): ignored from now on,
+    # as in a forked work-horse (Worker.setup_work_horse_signals), then let through.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     spec = pickle.loads(bytes.fromhex(os.environ.pop('RQ_EPOCH_SPAWN_PAYLOAD')))
     worker_class = spec['worker_class']
     if spec['logging'] is not None:

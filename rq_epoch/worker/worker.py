@@ -10,7 +10,9 @@ it owns, one concept each:
 * :class:`~rq_epoch.worker.failover.PrimaryWatch`: following the primary after a failover;
 * :class:`~rq_epoch.worker.take.Taker`: taking jobs and waiting for the next one;
 * :class:`~rq_epoch.sweep.Sweeper`, run when the worker wins a queue's sweep ticket
-  (:mod:`rq_epoch.worker.tickets`).
+  (:mod:`rq_epoch.worker.tickets`);
+* its :class:`~rq_epoch.worker.stopping.StopRequest` once told to stop: the stop mark, the
+  bounded wait for the job and its hand-back (:mod:`rq_epoch.worker.stopping`).
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ from ..jobs.jobclass import adopt, resolve_job_class
 from ..protocol import keys, scripts, verbs
 from ..protocol.report import SweepReport
 from ..protocol.server import ServerEpoch, read_epoch
-from ..settings import EpochSettings
+from ..settings import UNLIMITED, EpochSettings
 from ..sweep.sweeper import Sweeper
 from .contact import ServerContact
 from .failover import PrimaryWatch, is_outage
 from .fence import Fence, arm
 from .heartbeats import grant_again, heartbeat_round_trip, lease_ttl
 from .outcomes import OutcomeWriter
+from .stopping import StopRequest, hand_back, mark_stopping
 from .take import Taker
 from .tickets import take_tickets
 
@@ -58,10 +61,15 @@ if TYPE_CHECKING:
     from rq.executions import Execution
     from rq.queue import Queue as RQQueue
 
-__all__ = ['Worker', 'wait_while_unavailable']
+__all__ = ['HANDED_BACK', 'STOP_SIGNALS', 'Worker', 'wait_while_unavailable']
 
 
 _T = TypeVar('_T')
+
+#: The signals a supervisor or a terminal stops a worker with; the work-horse ignores them.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+#: The ``taken`` record of a lease its execution handed back (``lua/handback.lua``).
+HANDED_BACK = 'handed_back'
 
 
 def wait_while_unavailable(
@@ -142,6 +150,7 @@ class Worker(RQWorker):
         restart_grace: int | None = None,
         batch_size: int | None = None,
         startup_wait: int | None = None,
+        shutdown_timeout: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         self.epoch_settings = EpochSettings.resolve(
@@ -152,6 +161,7 @@ class Worker(RQWorker):
             restart_grace=restart_grace,
             batch_size=batch_size,
             startup_wait=startup_wait,
+            shutdown_timeout=shutdown_timeout,
         )
         kwargs['job_class'] = resolve_job_class(type(self), kwargs.get('job_class'))
         connection = kwargs.get('connection')
@@ -170,13 +180,30 @@ class Worker(RQWorker):
             and self.job_monitoring_interval != DEFAULT_JOB_MONITORING_INTERVAL
         ):
             # RQ's job_monitoring_interval was chosen (e.g. --job-monitoring-interval): it rules.
+            chosen = asdict(self.epoch_settings)
+            if chosen['shutdown_timeout'] is None:
+                chosen['shutdown_timeout'] = UNLIMITED
             self.epoch_settings = EpochSettings.resolve(
-                environ={}, **{**asdict(self.epoch_settings), 'heartbeat_interval': self.job_monitoring_interval}
+                environ={}, **{**chosen, 'heartbeat_interval': self.job_monitoring_interval}
             )
         self.job_monitoring_interval = self.epoch_settings.heartbeat_interval
         self._last_sweep: float | None = None
         #: Jobs whose lease this worker saw a sweep take: their failure is not this worker's to record.
         self._lost_lease_job_ids: set[str] = set()
+        #: Jobs this worker handed back to their queue when told to stop: not failed either.
+        self._handed_back_job_ids: set[str] = set()
+        #: Set by the first stop signal that arrives while a job runs (see :meth:`request_stop`).
+        self.stop_request: StopRequest | None = None
+        #: True while the main thread waits for the work-horse in RQ's monitor (a stop signal
+        #: then shortens the wait, see :meth:`_wake_monitor`).
+        self._in_horse_wait = False
+        #: The work-horse's exit as this worker reaped it when it stopped it to hand its job
+        #: back; given to RQ's monitor by the next :meth:`wait_for_horse`.
+        self._reaped: tuple[int | None, int | None, Any] | None = None
+        #: ``time.monotonic()`` of the last lease heartbeat sent while stopping.
+        self._last_stopping_beat = float('-inf')
+        #: The execution a work-horse runs (set in the work-horse, for Heroku's hand-back).
+        self._horse_execution: Execution | None = None
         self._scheduler_tried_at = float('-inf')
         self._dead_scheduler_pid: int | None = None
         self.last_sweep_report: SweepReport | None = None
@@ -230,7 +257,7 @@ class Worker(RQWorker):
         s = self.epoch_settings
         self.log.info(
             'Worker %s: rq-epoch on server epoch %s; heartbeat %ss, lease margin %ss, sweep every %ss, '
-            'max_stalled %s, restart grace %ss',
+            'max_stalled %s, restart grace %ss, shutdown timeout %s',
             self.name,
             current.run_id,
             s.heartbeat_interval,
@@ -238,6 +265,7 @@ class Worker(RQWorker):
             s.sweep_interval,
             s.max_stalled,
             s.grace,
+            UNLIMITED if s.shutdown_timeout is None else f'{s.shutdown_timeout}s',
         )
 
     def wait_for_server(self) -> ServerEpoch:
@@ -369,6 +397,222 @@ class Worker(RQWorker):
             rq_failure = super().handle_job_failure  # RQ's own: this call is fenced already
             self.write_outcome(job, 'failure', lambda: None if self.outcomes.landed(job) else rq_failure(job, **kwargs))
 
+    # -- stopping: a deploy costs the running job nothing -------------------------------
+
+    def setup_work_horse_signals(self) -> None:
+        """In the work-horse: ignore SIGTERM and SIGINT; the worker decides what happens to the job.
+
+        A supervisor that stops a worker may send SIGTERM to every process of it at once
+        (systemd's default, Heroku, supervisor's ``stopasgroup``), or a terminal's Ctrl-C may
+        reach it: the job must not die of it. The worker stops the work-horse itself (SIGKILL)
+        when it hands the job back (see :meth:`request_stop`). The signals were blocked across
+        the fork (:meth:`fork_work_horse`) and are let through once ignored.
+        """
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def fork_work_horse(self, job: RQJob, queue: RQQueue) -> None:
+        """Fork the work-horse as RQ does, with SIGTERM and SIGINT blocked across the fork.
+
+        A stop signal sent to every process at that moment then reaches the work-horse only
+        once it ignores it, and the worker once the work-horse is running.
+        """
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            super().fork_work_horse(job, queue)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        """The first SIGTERM or SIGINT (and RQ's shutdown command): RQ's warm shutdown, bounded.
+
+        An idle worker stops at once, as in RQ. A worker running a job notes the request
+        (:attr:`stop_request`); its wait for the work-horse then wakes at once, marks the lease
+        stopping on the server, keeps heartbeating, and once ``shutdown_timeout`` seconds have
+        passed without the job ending, stops the work-horse and hands the job back to the
+        front of its queue, uncounted (:meth:`stop_and_hand_back`), then exits as RQ's warm
+        shutdown does. The handler itself writes nothing to the server but RQ's own record.
+        """
+        if self.stop_request is None and not self.is_horse:
+            self.stop_request = StopRequest(time.monotonic(), self.epoch_settings.shutdown_timeout)
+        super().request_stop(signum, frame)  # raises StopRequested when idle
+        if self.stop_request is not None and rq_adapter.stop_requested(self):  # busy: RQ waits for the job
+            timeout = self.stop_request.timeout
+            self.log.info(
+                'Worker %s: told to stop while a job runs; %s',
+                self.name,
+                'waiting for it as long as it runs (shutdown timeout unlimited)'
+                if timeout is None
+                else f'handing it back to its queue unless it ends within {timeout}s',
+            )
+            self.job_monitoring_interval = 1  # the next look at the job comes soon, woken or not
+            self._wake_monitor()
+
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        """A second SIGTERM or SIGINT (RQ's cold shutdown): hand the running job back at once, exit 0.
+
+        As in RQ, a second signal within a second of the first is taken for the same one (a
+        terminal's Ctrl-C reaches a worker pool and its workers, and the pool passes it on).
+        Without a running job this is RQ's cold shutdown.
+        """
+        stop = self.stop_request
+        if stop is None or not self._job_running():
+            super().request_force_stop(signum, frame)
+            return
+        if time.monotonic() - stop.asked_at < 1:
+            self.log.debug('Worker %s: shutdown signal ignored, received twice in less than 1 second', self.name)
+            return
+        if not stop.cold:
+            stop.cold = True
+            self.log.warning('Worker %s: cold shut down; handing the running job back now', self.name)
+        self._wake_monitor()
+
+    def set_shutdown_requested_date(self) -> None:
+        """RQ's record of the stop request (written from the signal handler); rides out an outage."""
+        try:
+            super().set_shutdown_requested_date()
+        except CONNECTION_ERRORS as exc:
+            self.contact.lost(exc)
+
+    def _job_running(self) -> bool:
+        """Whether a job of this worker runs now (a work-horse is alive)."""
+        return bool(self.horse_pid)
+
+    def _wake_monitor(self) -> None:
+        """Cut short the monitor's current wait for the work-horse (called from a signal handler).
+
+        RQ's monitor waits in ``wait4`` under a SIGALRM of one heartbeat interval; when this
+        thread is in that wait with RQ's alarm armed, the alarm is brought forward to now, so
+        the monitor looks at the job (:meth:`maintain_heartbeats`) at once. Anywhere else the
+        next look comes within a second (:meth:`request_stop` shortened the interval).
+        """
+        if self._in_horse_wait:
+            rq_adapter.bring_monitor_alarm_forward()
+
+    def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
+        """Wait for the work-horse as RQ does; after a hand-back, report the work-horse reaped then.
+
+        A work-horse stopped to hand its job back was reaped by :meth:`stop_and_hand_back`; RQ's
+        monitor is told it exited normally (status 0), since its job is not failed: it runs
+        again elsewhere.
+        """
+        reaped, self._reaped = self._reaped, None
+        if reaped is not None:
+            return reaped
+        self._in_horse_wait = True
+        try:
+            return cast('tuple[int | None, int | None, Any]', super().wait_for_horse())
+        finally:
+            self._in_horse_wait = False
+
+    def _look_at_stop(self, job: RQJob, execution: Execution) -> bool:
+        """While the monitor waits for a job: act on a stop request. True once the job was handed back.
+
+        Marks the lease stopping (once per execution), and when the hand-back is due (the
+        shutdown timeout passed, or a cold stop) stops the work-horse and hands the job back.
+        Otherwise sets the monitor's next look to when the hand-back becomes due.
+        """
+        stop = self.stop_request
+        if stop is None or self.is_horse:
+            return False
+        if stop.marked_execution != execution.id:
+            self.mark_stopping(job, execution)
+        if stop.due():
+            self.stop_and_hand_back(job, execution)
+            return True
+        self.job_monitoring_interval = stop.next_tick(self.epoch_settings.heartbeat_interval)
+        return False
+
+    def mark_stopping(self, job: RQJob, execution: Execution, connection: Redis | None = None) -> None:
+        """Mark the lease of ``execution`` stopping on the server (see :func:`rq_epoch.worker.stopping.mark_stopping`).
+
+        A connection error is ridden out: the next look tries again. ``connection``: the client
+        to send it with (a lease keeper thread has its own).
+        """
+        stop = self.stop_request
+        if stop is None:
+            return
+        window = self.epoch_settings.stop_window
+        try:
+            reply = mark_stopping(connection if connection is not None else self.connection, job, execution, window)
+        except CONNECTION_ERRORS as exc:
+            self.contact.lost(exc)
+            return
+        stop.marked_execution = execution.id
+        if reply.marked:
+            self.log.info(
+                'Worker %s: marked the lease of job %s stopping (a sweep requeues it uncounted if it runs out '
+                'within %ss)',
+                self.name,
+                job.id,
+                window,
+            )
+        else:
+            self.log.warning(
+                'Worker %s: could not mark the lease of job %s stopping: it is no longer held', self.name, job.id
+            )
+
+    def stop_and_hand_back(self, job: RQJob, execution: Execution) -> None:
+        """Stop the work-horse (SIGKILL, reaped), then hand its job back (:meth:`hand_back`).
+
+        RQ's monitor is then told the work-horse exited normally when the job was handed back
+        (it is not failed), or how it really exited when the hand-back was refused: its own
+        outcome had landed just before (the job finished), or its lease was no longer this
+        execution's (then its failure is not recorded either: the fence refuses it).
+        """
+        self.log.warning(
+            'Worker %s: stopping work-horse %s of job %s to hand the job back', self.name, self.horse_pid, job.id
+        )
+        self.kill_horse()
+        pid, status, rusage = super().wait_for_horse()
+        reply = self.hand_back(job, execution)
+        if reply is not None and (reply.handed_back or reply.landed_before):
+            self._handed_back_job_ids.add(job.id)
+            self._reaped = (pid, 0, rusage)
+        else:
+            if reply is not None and reply.reason != 'gone':
+                self._lost_lease_job_ids.add(job.id)
+            self._reaped = (pid, status, rusage)
+
+    def hand_back(
+        self, job: RQJob, execution: Execution, connection: Redis | None = None
+    ) -> verbs.HandBackReply | None:
+        """Hand ``job`` back to the front of its queue, uncounted (:func:`rq_epoch.worker.stopping.hand_back`).
+
+        The job must be stopped already. A server outage is ridden out for up to one
+        heartbeat interval (at least 2 s); after that the lease, marked stopping, is left to
+        the sweep, which requeues it uncounted once it runs out. Returns the script's reply,
+        or None when the server could not be reached. One log line says what happened.
+        """
+        client = connection if connection is not None else self.connection
+        give_up = time.monotonic() + max(2.0, float(self.epoch_settings.heartbeat_interval))
+        try:
+            reply = self.outcomes.with_backoff(lambda: hand_back(client, job, execution), give_up)
+        except CONNECTION_ERRORS as exc:
+            self.contact.lost(exc)
+            self.log.error(
+                'Worker %s: could not hand job %s back (%s); its lease, marked stopping, is requeued uncounted '
+                'by a sweep once it runs out',
+                self.name,
+                job.id,
+                exc,
+            )
+            return None
+        if reply.handed_back or reply.landed_before:
+            self.log.warning('Worker %s: handed job %s back to the front of queue %s', self.name, job.id, job.origin)
+        elif reply.reason == 'gone':
+            self.log.info('Worker %s: job %s was not handed back: its outcome was written first', self.name, job.id)
+        else:
+            self.log.warning(
+                "Worker %s: job %s was not handed back: its lease is no longer this execution's (%s %s)",
+                self.name,
+                job.id,
+                reply.reason,
+                reply.detail,
+            )
+        return reply
+
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
         if pipeline is not None:
@@ -474,6 +718,7 @@ class Worker(RQWorker):
         if leased.fence is None and execution is not None and execution.job_id == job.id:
             leased.fence = Fence(job.origin, job.id, execution.id)
         leased.ride_out = lambda call: self.ride_out_before_function(job, call)
+        self._horse_execution = execution
         return bool(super().perform_job(job, queue, *args, **kwargs))
 
     def ride_out_before_function(self, job: RQJob, call: Callable[[], _T]) -> _T:
@@ -519,6 +764,12 @@ class Worker(RQWorker):
         if execution is None:
             return
         adopt(job)
+        if self.stop_request is not None:
+            if self._look_at_stop(job, execution):
+                return  # the job was handed back (or left to the sweep): its lease is not ours to keep
+            if time.monotonic() - self._last_stopping_beat < self.epoch_settings.heartbeat_interval:
+                return  # looking more often while stopping; heartbeating as often as before
+            self._last_stopping_beat = time.monotonic()
         deadline = time.monotonic() + self.epoch_settings.heartbeat_interval
         try:
             reply = self.outcomes.with_backoff(
@@ -527,7 +778,9 @@ class Worker(RQWorker):
         except CONNECTION_ERRORS:
             return  # the next heartbeat goes on trying
         self.contact.reached(reply.run_id)
-        if not reply.extended and reply.taken:
+        if not reply.extended and reply.taken == HANDED_BACK:
+            pass  # the work-horse handed its job back itself (HerokuWorker) and is exiting
+        elif not reply.extended and reply.taken:
             # A sweep took this execution's lease (its record names this execution). A
             # lease that is gone without such a record was ended by the work-horse's own
             # commit, which may still be running RQ's steps that follow it.
@@ -591,6 +844,10 @@ class Worker(RQWorker):
         if job.id in self._lost_lease_job_ids:
             self._lost_lease_job_ids.discard(job.id)
             self.log.info('Worker %s: not failing job %s, whose lease a sweep took', self.name, job.id)
+            return
+        if job.id in self._handed_back_job_ids:
+            self._handed_back_job_ids.discard(job.id)
+            self.log.info('Worker %s: not failing job %s, handed back to its queue', self.name, job.id)
             return
         rq_failure = super().handle_job_failure
         self.write_outcome(job, 'failure', lambda: rq_failure(job, *args, **kwargs))

@@ -54,6 +54,9 @@
 --              execution holds it
 --   exempt     stamp missing or another process   -> requeued at front, stalled unchanged
 --              not seen alive after the deadline
+--   stopping   marked stopping by its execution   -> requeued at front, stalled unchanged
+--              (stopmark.lua), deadline within
+--              the stop window after the mark
 --   recovered  counted, budget left               -> stalled + 1, requeued at front
 --   dead       counted, budget gone               -> stalled + 1, failed, awaiting finish
 --   deferred   uncounted, but the server is younger than the grace: left for later
@@ -64,6 +67,14 @@
 -- delayed its verdict. Such a lease is judged at once, without the restart grace. Its
 -- stall is recorded under the stamp's process in stall_epochs. Each call that judges also
 -- notes this process alive (at most once a second).
+--
+-- Stopping: a worker told to stop marks its lease (the job's field stop_mark,
+-- "<execution_id> <marked_at> <until>", server TIME, see stopmark.lua). A lease that ran out
+-- while so marked by the execution that held it, from the mark to the end of the stop window
+-- (`until`), was cut off by its worker's own stop (a deploy), not by a death: it is requeued
+-- uncounted, whatever its stamp, once it is not deferred (the grace applies as to any lease
+-- stamped by another process). Its requeue adds one to `stopping_recoveries` and removes the
+-- mark. An unmarked lease, or one that ran out after the window, is judged as any other.
 --
 -- RQ's records of the execution go with the entry. For a ghost or a job key of another
 -- type, whose lease names no execution that can be read, those are the records of every
@@ -198,6 +209,16 @@ local function died_before(kind, member, stamp)
   return died_under(tonumber(rcall('ZSCORE', source_key[kind], member)), seen.last, seen.first)
 end
 
+-- Whether a lease marked stopping (mark: the job's stop_mark field) ran out within its stop
+-- window: marked by this same execution, its deadline from the mark to the window's end.
+local function stopped_in_window(kind, member, exec_id, mark)
+  local marked_by, marked_at, window_end = string.match(mark, '^(%S+) (%S+) (%S+)$')
+  if marked_by ~= exec_id then return false end
+  marked_at, window_end = tonumber(marked_at), tonumber(window_end)
+  local deadline = tonumber(rcall('ZSCORE', source_key[kind], member))
+  return marked_at ~= nil and window_end ~= nil and deadline ~= nil and marked_at <= deadline and deadline <= window_end
+end
+
 -- True while the leases being judged hold no ':' (checked once for the batch in the loop below).
 local leases_colon_free = false
 
@@ -215,7 +236,7 @@ local function judge(kind, member)
   local job_key = prefix .. ':job:' .. job_id
   -- One read for the common case; the key's type is only asked when the read fails.
   local f = rpcall('HMGET', job_key, 'status', 'lease_epoch', 'stalled', 'max_stalled', 'lease_execution',
-                        'exempt_recoveries', 'stall_epochs')
+                        'exempt_recoveries', 'stall_epochs', 'stop_mark', 'stopping_recoveries')
   if f.err then
     if not dry then
       drop_entry(kind, member, true)
@@ -274,6 +295,14 @@ local function judge(kind, member)
     -- Uncounted, or stamped by this process in an earlier term as primary: wait for the grace.
     left = left + 1
     return record(member, 'deferred', stalled, max_stalled, epoch, dry)
+  end
+  if f[8] and kind ~= STOCK and stopped_in_window(kind, member, exec_id, f[8]) then
+    if not dry then
+      drop(kind, member, job_id, exec_id)
+      rcall('HDEL', job_key, 'stop_mark')
+      requeue(prefix, queue_key, job_key, job_id, never_started, true, 'stopping_recoveries', (tonumber(f[9]) or 0) + 1, taken_field, 'stopping')
+    end
+    return record(member, 'stopping', stalled, max_stalled, epoch, dry)
   end
   if not counted then
     if not dry then
