@@ -51,6 +51,7 @@ __all__ = [
     'tickets_key',
     'watch_key',
     'baton_key',
+    'turns_key',
     'wip_key',
     'worker_executions_key',
     'worker_key',
@@ -125,6 +126,10 @@ watch_key = KeyFamily('epoch:watch')
 #: List holding at most one token: the watch handed on to the next idle worker of a set of
 #: queues, which waits for it with ``BLPOP`` (``watch.lua``). Named by :func:`queue_set_id`.
 baton_key = KeyFamily('epoch:baton')
+#: String: the server time (ms) of the last turn given to an idle worker of a set of queues
+#: that waits for the baton; the turns follow each other at a fixed gap (``_watch.lua``).
+#: Named by :func:`queue_set_id`.
+turns_key = KeyFamily('epoch:turns')
 
 
 def tickets_key() -> str:

@@ -355,7 +355,7 @@ def rescue(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> S
 class Role(enum.IntEnum):
     """A worker's place among the idle workers of a set of queues (``lua/_watch.lua``)."""
 
-    #: Waits for the baton: a ``BLPOP`` of at most a sweep interval less the watch's TTL.
+    #: Waits for the baton: a ``BLPOP`` until its turn to take again.
     NEITHER = 0
     #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
     WATCHER = 2
@@ -376,15 +376,22 @@ class TakeReply:
     #: When every queue was empty: the caller's place now (:attr:`Role.WATCHER` when it holds
     #: the watch). :attr:`Role.NEITHER` when a job was moved, or the call named no watch.
     role: Role
+    #: When the caller waits for the baton: its turn to take again, server time in ms (0 otherwise).
+    turn_ms: int = 0
+    #: Seconds until that turn (0 otherwise).
+    wait: float = 0.0
 
     @classmethod
     def read(cls, raw: Sequence[Any]) -> TakeReply:
-        """Decode ``{i, job_id, woke}`` (1-based ``i``), or ``{0, '', role}`` when nothing was taken."""
-        position, job_id, flag = raw
-        position = int(position)
+        """Decode ``{i, job_id, woke}`` (1-based ``i``), or ``{0, '', role, turn, wait}`` when
+        nothing was taken."""
+        position = int(raw[0])
         if position == 0:
-            return cls(index=None, job_id='', woke=False, role=Role(int(flag)))
-        return cls(index=position - 1, job_id=text(job_id), woke=int(flag) == 1, role=Role.NEITHER)
+            _, _, role, turn, wait = raw
+            return cls(
+                index=None, job_id='', woke=False, role=Role(int(role)), turn_ms=int(turn), wait=int(wait) / 1000
+            )
+        return cls(index=position - 1, job_id=text(raw[1]), woke=int(raw[2]) == 1, role=Role.NEITHER)
 
 
 def take(connection: Redis, keys: list[str], args: list[Any]) -> TakeReply:

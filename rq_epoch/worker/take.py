@@ -30,10 +30,13 @@ it arms tracking. An enqueue thus makes at most two workers read the queues (the
 watcher, and the waiter it hands on to), however many wait.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
-sweep interval). Every waiter blocks at most :attr:`Taker.waiter_wait` seconds at a time
-(the sweep interval less the TTL), then takes again, which claims the watch if nobody
-holds it: a job enqueued right after the watcher was killed starts within one sweep
-interval, however many other idle workers died with it.
+sweep interval). The waiters take turns to look: the take that leaves a worker waiting
+gives it a turn (``<prefix>:epoch:turns:<set>``), :attr:`Taker.turn_gap` after the last
+one given out (a quarter of the interval), and it blocks until then, or until a token
+comes, and takes again, which claims the watch if nobody holds it. One waiter wakes per
+gap, however many wait; a waiter keeps its turn until it comes. A job enqueued right
+after the watcher was killed starts within one sweep interval, also when the waiter
+whose turn came next was killed with it.
 
 Waiters take nothing else and sweep nothing, and go back to RQ's loop (which heartbeats)
 only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by default),
@@ -288,6 +291,12 @@ class Taker:
         #: When the current :meth:`dequeue_any` call goes back to RQ's loop because this taker
         #: watches (``time.monotonic()``; None until it watches in this call).
         self._watch_deadline: float | None = None
+        #: This taker's turn to take again while it waits for the baton: server time in ms (0:
+        #: none), kept through RQ's loop, and when it comes by this process's clock (None: no
+        #: turn to wait for, take again first).
+        self._turn_set: str | None = None
+        self._turn_ms = 0
+        self._turn_at: float | None = None
 
     # -- the take ------------------------------------------------------------------------
 
@@ -311,8 +320,9 @@ class Taker:
             set_id = keys.queue_set_id(queue.key for queue in queues)
             if self._set is not None and self._set != set_id:
                 self.hand_on()  # the worker's queues changed
-            script_keys += [keys.watch_key(set_id), keys.baton_key(set_id)]
-            args += [self.name, self._ttl_ms]
+            script_keys += [keys.watch_key(set_id), keys.baton_key(set_id), keys.turns_key(set_id)]
+            kept = self._turn_ms if self._turn_set == set_id else 0
+            args += [self.name, self._ttl_ms, max(1, int(self.turn_gap * 1000)), kept]
         try:
             reply = verbs.take(self.connection, script_keys, args)
         except redis.exceptions.ResponseError as exc:
@@ -322,6 +332,9 @@ class Taker:
             self.counters.empty_takes += 1
             if set_id is not None:
                 self._placed(set_id, reply.role)
+                if reply.role is not Role.WATCHER:
+                    self._turn_set, self._turn_ms = set_id, reply.turn_ms
+                    self._turn_at = time.monotonic() + reply.wait
             return None
         if self._role is Role.WATCHER and reply.woke:
             self.counters.handoffs += 1
@@ -448,7 +461,7 @@ class Taker:
         the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and sweeps; a
         wake-up whose write left no job (another worker took it, or it was a write that adds
         none) goes back to waiting after one ``EXISTS``, without a take. Any other worker
-        sleeps: it waits for the baton, at most :attr:`waiter_wait` seconds, and returns
+        sleeps: it waits for the baton until its turn (see :attr:`turn_gap`), and returns
         True (the take that follows claims the watch if nobody holds it).
         While polling, it returns True after :attr:`poll_interval` seconds.
         """
@@ -494,10 +507,13 @@ class Taker:
             if remaining <= 0:
                 return False
             if self._claim(set_id) is not Role.WATCHER:
-                if self._wait_for_baton(set_id, min(remaining, self.waiter_wait)):
+                turn_at, self._turn_at = self._turn_at, None
+                if turn_at is None:
+                    return True  # the watcher's refresh found the watch taken: the take gives a turn
+                if self._wait_for_baton(set_id, min(remaining, turn_at - time.monotonic())):
                     self.counters.wakeups += 1
-                # A token or the end of the wait: take again, which claims the watch if
-                # nobody holds it (the watcher handed it on, or died and its key expired).
+                # A token or this waiter's turn: take again, which claims the watch if nobody
+                # holds it (the watcher handed it on, or died and its key expired).
                 self._claimed_at = None
                 return True
             if self._watch_deadline is None:
@@ -517,15 +533,17 @@ class Taker:
         return False
 
     @property
-    def waiter_wait(self) -> float:
-        """Longest ``BLPOP`` of an idle worker that does not watch, in seconds: the sweep
-        interval less the watch's TTL (at least the TTL).
+    def turn_gap(self) -> float:
+        """Seconds between two waiters' turns to take again: half of what the sweep interval
+        leaves after the watch's TTL (a quarter of the interval, by default).
 
-        A watcher that dies stops refreshing its key, which expires within the TTL; every
-        waiter claims again within this wait after that, so a job enqueued when the watcher
-        (and any other idle worker) was killed starts within one sweep interval.
+        A watcher that dies stops refreshing its key, which expires within the TTL; the
+        waiter whose turn comes next takes within one gap after that, or, if it died with
+        the watcher, the one after it within two: a job enqueued when the watcher and one
+        more idle worker were killed starts within one sweep interval. One waiter wakes per
+        gap, however many wait.
         """
-        return max(self.watch_ttl, self.sweep_interval - self.watch_ttl)
+        return max(0.01, (self.sweep_interval - self.watch_ttl) / 2)
 
     @property
     def _ttl_ms(self) -> int:
@@ -549,6 +567,8 @@ class Taker:
         role = self._watch_script('claim', set_id)
         self.counters.claims += 1
         self._placed(set_id, role)
+        if role is not Role.WATCHER:
+            self._turn_at = None  # the next take gives it a turn
         return role
 
     def _watch_script(self, action: str, set_id: str) -> Role:

@@ -4,9 +4,11 @@
 -- Idle workers on the same queues share one watcher: the only one that keeps the server's
 -- client tracking armed on the queues, so that an enqueue wakes it and no other. It holds
 -- the watch key (a string: its token, with a TTL it refreshes while it waits). Every other
--- idle worker waits with BLPOP on the baton list, at most a sweep interval less the TTL
--- at a time, then claims again: a watcher that died (its key expired) is replaced within
--- one sweep interval, whoever else died with it.
+-- idle worker waits with BLPOP on the baton list until its turn, then takes again, which
+-- claims the watch if its key expired (the watcher died). The turns are given out one
+-- gap apart, in server time: one waiter wakes per gap, however many wait, and a watcher
+-- that died is replaced within its key's TTL and one gap (two, when the waiter whose turn
+-- came first died with it).
 --
 -- claim_watch(watch_key, token, ttl, prefix) -> WATCHER or NEITHER
 --   The caller becomes (or stays) the watcher when nobody else is: the key is set to its
@@ -20,6 +22,12 @@
 --   caller held the watch, its key is deleted; when the caller held it or nobody did, one
 --   token is pushed on the baton list, so the waiter blocked longest wakes and claims it.
 --   When another worker watches, nothing changes.
+-- next_turn(turns_key, kept, gap) -> turn, wait   (server time in ms; ms to wait for it)
+--   The caller's turn to take again: `kept`, the turn it was given last, while that has
+--   not come (a waiter keeps its place in the line through RQ's loop), else the next free
+--   one, `gap` ms after the last turn given out (or after now). The turns key expires one
+--   gap after the last turn given. A kept turn later than the last one given is not one
+--   of this server's line (a failover, a restart): a new one is given.
 
 local WATCHER, NEITHER = 2, 0
 
@@ -48,4 +56,14 @@ local function hand_on_watch(watch_key, baton_key, token, ttl)
   if watcher then rcall('DEL', watch_key) end
   wake_one(baton_key, token, ttl)
   return true
+end
+
+local function next_turn(turns_key, kept, gap)
+  local time = rcall('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local last = tonumber(rcall('GET', turns_key)) or 0
+  if kept > now and kept <= last then return kept, kept - now end
+  local turn = math.max(now, last) + gap
+  rcall('SET', turns_key, turn, 'PX', turn - now + gap)
+  return turn, turn - now
 end

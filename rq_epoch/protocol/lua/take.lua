@@ -19,28 +19,34 @@
 -- KEYS[n+1..2n]  their intermediate lists, in the same order (<queue key>:intermediate)
 -- KEYS[2n+1]     optional: the watch key of the set of queues (<prefix>:epoch:watch:<set>)
 -- KEYS[2n+2]     optional: its baton list                    (<prefix>:epoch:baton:<set>)
+-- KEYS[2n+3]     optional: its turns                         (<prefix>:epoch:turns:<set>)
 -- ARGV[1]        n, the number of queues
 -- ARGV[2]        with the watch keys: the caller's token (its worker name)
 -- ARGV[3]        with the watch keys: TTL of the watch key and of a baton token, in ms
+-- ARGV[4]        with the watch keys: the gap between two waiters' turns, in ms
+-- ARGV[5]        with the watch keys: the turn the caller was given last (server ms), or 0
 --
 -- With the watch keys: when a job is moved, the watch is handed on (hand_on_watch: a
 -- waiter is woken when the caller held the watch or nobody did); when every queue is
--- empty, the caller claims the watch (claim_watch).
+-- empty, the caller claims the watch (claim_watch), and when another worker holds it,
+-- the caller is given its turn to take again (next_turn).
 --
 -- It reads nothing but the queues it pops (and the watch), and never blocks: the worker
 -- waits for a job elsewhere (see rq_epoch/worker/take.py) and calls this script when one
 -- may be there.
 --
 -- Returns {i, job_id, woke} when the job was taken from KEYS[i] (woke: 1 when a waiter
--- was woken to take the watch over, else 0); {0, '', role} when every queue was empty
--- (role: 2 when the caller now holds the watch, else 0).
+-- was woken to take the watch over, else 0); {0, '', role, turn, wait} when every queue
+-- was empty (role: 2 when the caller now holds the watch, else 0; turn and wait: the
+-- caller's turn in server ms and the ms until it, 0 for the watcher or without the watch
+-- keys).
 
 -- @include _epoch.lua
 -- @include _watch.lua
 
 local n = tonumber(ARGV[1])
-local watch_key, baton_key = KEYS[2 * n + 1], KEYS[2 * n + 2]
-local token, ttl = ARGV[2], tonumber(ARGV[3])
+local watch_key, baton_key, turns_key = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
+local token, ttl, gap, kept = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
 -- The first job of the first queue that has one, as {queue key, {job_id}}: LMPOP (Redis
 -- 7, Valkey) looks at every queue in one command; a server without it (Redis 6.2) is
@@ -73,6 +79,8 @@ if popped then
   end
 end
 if watch_key then
-  return {0, '', claim_watch(watch_key, token, ttl, nil)}
+  if claim_watch(watch_key, token, ttl, nil) == WATCHER then return {0, '', WATCHER, 0, 0} end
+  local turn, wait = next_turn(turns_key, kept, gap)
+  return {0, '', NEITHER, turn, wait}
 end
-return {0, '', NEITHER}
+return {0, '', NEITHER, 0, 0}
