@@ -114,14 +114,18 @@ def throughput_section(doc: dict[str, Any]) -> str:
             s[side]['jobs_per_second'],
             s[side]['steady_jobs_per_second'],
             s[side]['reads_per_job'],
+            s[side]['commands_per_job'],
+            s[side].get('scripts_per_job'),
         ]
         for side in (STOCK, EPOCH)
     ]
-    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio'], None])
+    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio'], None, None, None])
     headers = [f'{n:,} no-op jobs, fork per job', 'jobs/s (whole run)', 'jobs/s (first start to last end)']
+    load = f'\n\nLoad average (1 min) at the end: {doc["load_average"]}.' if 'load_average' in doc else ''
     return (
         '### Worker throughput\n\n'
-        + md_table([*headers, 'requests / job'], rows)
+        + md_table([*headers, 'requests / job', 'commands / job', 'script calls / job'], rows)
+        + load
         + f'\n\nTarget ≥{s["target"]}×: {_target(s["target_met"], "").strip()}.'
     )
 

@@ -36,10 +36,15 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local run_id, uptime = current_epoch()
 if run_id then note_alive(prefix, run_id, uptime, now / 1000) end
 
+-- The last ticket of every queue in one read.
+local fields = {}
+for i = 3, #ARGV do fields[#fields + 1] = 'at:' .. ARGV[i] end
+local lasts = rcall('HMGET', tickets_key, unpack(fields))
+
 local reply = {now}
 for i = 3, #ARGV do
   local name = ARGV[i]
-  local last = tonumber(rcall('HGET', tickets_key, 'at:' .. name))
+  local last = tonumber(lasts[i - 2])
   if last == nil or now - last >= min_age or last > now then
     rcall('HSET', tickets_key, 'at:' .. name, now)
     rcall('HINCRBY', tickets_key, 'count:' .. name, 1)
