@@ -204,6 +204,7 @@ def window(a: Snapshot, b: Snapshot) -> dict[str, Any]:
         'scripts': sum(c for n, (c, _u) in per_command.items() if n in SCRIPT_COMMANDS),
         'clients_cpu_percent': round((b.client_cpu - a.client_cpu) * 100.0 / (b.at - a.at), 1),
         'busiest': {n: {'calls': c, 'usec': u} for n, c, u in busiest},
+        'calls': {n: c for n, (c, _u) in per_command.items() if c > 0},
     }
 
 
@@ -251,6 +252,11 @@ def measure(probe: Probe, queues: Sequence[Queue], sizes: dict[str, Any]) -> dic
         'clients_cpu_percent_jobs': busy['clients_cpu_percent'],
         'idle_busiest': idle['busiest'],
         'jobs_busiest': busy['busiest'],
+        # Every command's calls per job above the idle rate: where the commands per job go.
+        'calls_per_job': {
+            name: round((calls - idle['calls'].get(name, 0) * busy['seconds'] / idle['seconds']) / n, 2)
+            for name, calls in sorted(busy['calls'].items())
+        },
         'load_average': round(os.getloadavg()[0], 2),
         'server': server_version(probe.conn),
     }

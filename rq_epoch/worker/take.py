@@ -456,11 +456,11 @@ class Taker:
     def wait(self, queue_keys: Sequence[str], seconds: float) -> bool:
         """Until one of ``queue_keys`` has a job (True), or ``seconds`` have passed (False).
 
-        The watcher of these queues (see the module's docstring) waits for an invalidation,
-        and returns False once :attr:`sweep_interval` has passed since it began to watch in
-        the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and sweeps; a
-        wake-up whose write left no job (another worker took it, or it was a write that adds
-        none) goes back to waiting after one ``EXISTS``, without a take. Any other worker
+        The watcher of these queues (see the module's docstring) reads them (``EXISTS``, which
+        arms tracking), waits for an invalidation and returns True at one (the take follows
+        at once), or returns False once :attr:`sweep_interval` has passed since it began to
+        watch in the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and
+        sweeps. Any other worker
         sleeps: it waits for the baton until its turn (see :attr:`turn_gap`), and returns
         True (the take that follows claims the watch if nobody holds it).
         While polling, it returns True after :attr:`poll_interval` seconds.
@@ -528,8 +528,10 @@ class Taker:
             assert self._claimed_at is not None
             until_refresh = self._claimed_at + self.watch_ttl / 3 - time.monotonic()
             if self._waker.wait(max(0.0, min(remaining, until_refresh))):
+                # A write to the queues: take at once (the take says whether it left a job,
+                # and hands the watch on when it did); the next wait arms tracking again.
                 self.counters.wakeups += 1
-                armed = False  # read the queues again: that says whether the write left a job
+                return True
         return False
 
     @property
