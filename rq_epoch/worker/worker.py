@@ -934,9 +934,16 @@ class Worker(RQWorker):
         return bool(super().should_run_maintenance_tasks) or self._sweep_due()
 
     def _sweep_due(self) -> bool:
+        """Whether this worker asks for its queues' sweep tickets now: one sweep interval after
+        its last ask when it won a ticket then, else two (another worker sweeps them; if that
+        one died, this one wins within two intervals), so that a busy fleet's workers between
+        two jobs do not all ask every interval."""
         if self._last_sweep is None:
             return True
-        return time.monotonic() - self._last_sweep >= self.epoch_settings.sweep_interval
+        interval = self.epoch_settings.sweep_interval
+        if self._taker is not None and not self._taker.sweeping:
+            interval *= 2
+        return time.monotonic() - self._last_sweep >= interval
 
     def run_maintenance_tasks(self) -> None:
         """RQ's maintenance when it is due (with the sweep in place of its cleanup), else the sweep."""
