@@ -138,7 +138,10 @@ def test_a_live_worker_rides_through_a_restart_longer_than_its_lease(conn, serve
     """The record never proves a live worker dead: its lease outlives every note of its server."""
     queue = Queue('live', connection=conn)
     log = tmp_path / 'log'
-    job = queue.enqueue('tests.jobs.sleep_and_record', str(log), 'r', 8, max_stalled=1)
+    release = tmp_path / 'release'
+    # The job runs until the test has read its lease after the restart: a job that ended while
+    # the test was still reconnecting would leave no lease to read.
+    job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'r', str(release), max_stalled=1)
     # Sweeping every second; a lease of 5 s and a grace of 15 s, so that a loaded machine's late
     # heartbeat or slow reconnection is not what the test measures.
     env = {'RQ_EPOCH_LEASE_MARGIN': '4', 'RQ_EPOCH_RESTART_GRACE': '15'}
@@ -151,6 +154,7 @@ def test_a_live_worker_rides_through_a_restart_longer_than_its_lease(conn, serve
     conn = server.client()
     deadline = deadline_of(conn, 'live', job.id)
     assert deadline is not None and not seen_after(conn, old, deadline), worker.output()
+    release.touch()
     wait_for(lambda: conn.hget(job.key, 'status') == b'finished', 40, what='the job finished')
     job = Job.fetch(job.id, connection=conn)
     assert executions(log, 'r') == 1
