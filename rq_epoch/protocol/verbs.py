@@ -413,13 +413,21 @@ class SweepTickets:
     now_ms: int
     #: The queues the caller won: it sweeps these now, nobody else does until the next interval.
     granted: tuple[str, ...]
+    #: When the call named the caller's turns and it won nothing: its turn to ask again,
+    #: server time in ms (0 otherwise).
+    turn_ms: int = 0
+    #: Seconds until that turn (0 otherwise).
+    wait: float = 0.0
 
     @classmethod
     def read(cls, raw: Sequence[Any], queue_names: Sequence[str]) -> SweepTickets:
-        """Decode ``{now_ms, g1, ..., gn}``: one flag per queue of the call, in order."""
-        flags = [int(flag) == 1 for flag in raw[1:]]
+        """Decode ``{now_ms, g1, ..., gn}``, one flag per queue of the call, in order, and
+        ``turn, wait`` after them when the call named the caller's turns."""
+        n = len(queue_names)
+        flags = [int(flag) == 1 for flag in raw[1 : n + 1]]
         granted = tuple(name for name, flag in zip(queue_names, flags, strict=True) if flag)
-        return cls(now_ms=int(raw[0]), granted=granted)
+        turn, wait = (int(raw[n + 1]), int(raw[n + 2])) if len(raw) > n + 1 else (0, 0)
+        return cls(now_ms=int(raw[0]), granted=granted, turn_ms=turn, wait=wait / 1000)
 
 
 def ticket(connection: Redis, keys: list[str], args: list[Any], queue_names: Sequence[str]) -> SweepTickets:

@@ -44,9 +44,10 @@ as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
 interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
 for the idle fleet. A worker alone on one queue blocks in RQ's ``BLMOVE`` (which wakes one
 worker per job) and goes back to RQ's loop once per sweep interval when it won the queue's
-sweep ticket last time, else every two intervals (so that a sweeper that died is replaced
-within two intervals: a dead worker's job is still detected within the lease and two sweep
-intervals, 40 s with the defaults). A worker that polls goes
+sweep ticket last time, else at its turn to ask for it again, which the ticket script gives
+one interval after the last turn given (one such worker wakes per interval however many
+wait, and a sweeper that died is replaced within about two intervals: a dead worker's job
+is still detected within the lease and two sweep intervals, 40 s with the defaults). A worker that polls goes
 back once per sweep interval.
 
 No server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING``
@@ -57,7 +58,6 @@ by one warning.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -278,11 +278,15 @@ class Taker:
         self._polling = not self.tracking
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
-        #: Whether this worker won a sweep ticket at its last sweep (the worker sets it): a
-        #: worker alone on one queue then waits one sweep interval at a time, else two, so
-        #: that only the fleet's sweeper of an idle queue wakes each interval, and a sweeper
-        #: that died is replaced within two.
+        #: Whether this worker won a sweep ticket at its last ask (the worker sets it): a
+        #: worker alone on one queue then waits one sweep interval at a time, else until its
+        #: turn to ask again (:meth:`ticket_turn`), so that only the fleet's sweeper of an idle
+        #: queue wakes each interval, and one other worker per interval, however many wait.
         self.sweeping = True
+        #: The turn to ask for the sweep ticket again of a worker alone on one queue that won
+        #: none: server time in ms (0: none), and when it comes by this process's clock.
+        self.ticket_turn_ms = 0
+        self.ticket_turn_at: float | None = None
         #: The set of queues (:func:`rq_epoch.protocol.keys.queue_set_id`) this taker last claimed a
         #: place in, the place, and when (``time.monotonic()``; None: claim at the next turn).
         self._set: str | None = None
@@ -381,13 +385,16 @@ class Taker:
         if len(queues) == 1 and get_version(self.connection) >= (6, 2, 0):
             # RQ moves the job into the intermediate list itself (BLMOVE), and blocks: one
             # sweep interval when this worker swept the queue last (so that RQ's loop sweeps
-            # it on time), else two (another worker sweeps it; if that one died, this one
-            # asks for the ticket within two intervals).
-            wait = self.sweep_interval if self.sweeping else 2 * self.sweep_interval
+            # it on time), else until its turn to ask for the ticket again (another worker
+            # sweeps it; if that one died, a waiter whose turn comes asks for it).
+            wait = self.sweep_interval
+            if not self.sweeping and self.ticket_turn_at is not None:
+                wait = self.ticket_turn_at - time.monotonic()
             self.counters.blocking_moves += 1
             return queue_class.dequeue_any(
                 queues,
-                None if timeout is None else max(1, min(timeout, math.ceil(wait))),
+                # (RQ types the timeout as whole seconds; BLMOVE takes decimals, and 0 would block forever)
+                None if timeout is None else max(0.01, round(min(timeout, wait), 2)),  # type: ignore[arg-type]
                 connection=connection or self.connection,
                 job_class=job_class,
                 serializer=serializer,
@@ -546,6 +553,15 @@ class Taker:
         gap, however many wait.
         """
         return max(0.01, (self.sweep_interval - self.watch_ttl) / 2)
+
+    def ticket_turn(self, tickets: verbs.SweepTickets) -> None:
+        """Note what this worker's ask for the sweep tickets of its one queue gave it: the
+        ticket (it sweeps, and waits one interval), or its turn to ask again."""
+        self.sweeping = bool(tickets.granted)
+        if tickets.granted or not tickets.turn_ms:
+            self.ticket_turn_at = None
+        else:
+            self.ticket_turn_ms, self.ticket_turn_at = tickets.turn_ms, time.monotonic() + tickets.wait
 
     @property
     def _ttl_ms(self) -> int:

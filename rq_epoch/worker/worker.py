@@ -935,13 +935,17 @@ class Worker(RQWorker):
 
     def _sweep_due(self) -> bool:
         """Whether this worker asks for its queues' sweep tickets now: one sweep interval after
-        its last ask when it won a ticket then, else two (another worker sweeps them; if that
-        one died, this one wins within two intervals), so that a busy fleet's workers between
-        two jobs do not all ask every interval."""
+        its last ask when it won a ticket then; else, alone on one queue, at its turn (see
+        :meth:`rq_epoch.worker.take.Taker.ticket_turn`), and on several queues two intervals
+        after (another worker sweeps them; if that one died, this one wins within two), so
+        that idle workers and a busy fleet's workers between jobs do not all ask every interval."""
         if self._last_sweep is None:
             return True
         interval = self.epoch_settings.sweep_interval
-        if self._taker is not None and not self._taker.sweeping:
+        taker = self._taker
+        if taker is not None and not taker.sweeping:
+            if taker.ticket_turn_at is not None:
+                return time.monotonic() >= taker.ticket_turn_at
             interval *= 2
         return time.monotonic() - self._last_sweep >= interval
 
@@ -1000,8 +1004,16 @@ class Worker(RQWorker):
         """
         self._last_sweep = time.monotonic()
         try:
-            tickets = take_tickets(self.connection, self.queue_names(), self.epoch_settings.sweep_interval)
-            self.taker.sweeping = bool(tickets.granted)
+            taker = self.taker
+            # Alone on one queue, it waits in RQ's BLMOVE, not for the watch: its turns to ask
+            # again come with the ticket, one sweep interval apart (the sweeper of an idle
+            # queue that died is replaced within about two intervals, as before the turns).
+            interval = self.epoch_settings.sweep_interval
+            alone = len(self.queues) == 1
+            tickets = take_tickets(
+                self.connection, self.queue_names(), interval, turn=(interval, taker.ticket_turn_ms) if alone else None
+            )
+            taker.ticket_turn(tickets)
             if not tickets.granted:
                 return None
             sweeper = Sweeper(
