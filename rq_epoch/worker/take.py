@@ -304,14 +304,15 @@ class Taker:
 
     # -- the take ------------------------------------------------------------------------
 
-    def take(self, queues: Sequence[Queue]) -> tuple[Queue, str] | None:
+    def take(self, queues: Sequence[Queue], *, waiting: bool = False) -> tuple[Queue, str] | None:
         """Move the first job of ``queues`` (in this order) into its intermediate list.
 
-        One script call, one round trip. Unless this taker polls, the same call keeps its
-        place among the idle workers of these queues: a job taken hands the watch on to
-        another idle worker (if this one held it, or nobody did); every queue empty, this
-        one claims the watch if nobody holds it. Returns the queue and the job id, or None
-        when every queue is empty.
+        One script call, one round trip. With ``waiting`` (the worker waits for a job when
+        there is none) and unless this taker polls, the same call keeps its place among the
+        idle workers of these queues: a job taken hands the watch on to another idle worker
+        (if this one held it, or nobody did); every queue empty, this one claims the watch if
+        nobody holds it, or is given its turn. Returns the queue and the job id, or None when
+        every queue is empty.
 
         Raises:
             redis.exceptions.ConnectionError: also when the server answers that it takes no
@@ -320,7 +321,7 @@ class Taker:
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
         args: list[Any] = [len(queues)]
         set_id = None
-        if not self._polling:
+        if waiting and not self._polling:
             set_id = keys.queue_set_id(queue.key for queue in queues)
             if self._set is not None and self._set != set_id:
                 self.hand_on()  # the worker's queues changed
@@ -429,7 +430,7 @@ class Taker:
         deadline = None if timeout is None else started + timeout
         self._watch_deadline = None
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
-            found = self.take(queues)
+            found = self.take(queues, waiting=deadline is not None)
             if found is not None:
                 queue, job_id = found
                 job = self._fetch(queue, job_id, job_class, serializer)
