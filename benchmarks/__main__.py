@@ -7,6 +7,7 @@ import time
 
 from . import (
     deploy,
+    durable,
     fleet,
     heartbeat,
     memory,
@@ -18,7 +19,18 @@ from . import (
     worker_throughput,
 )
 
-MODULES = (sweep_vs_cleanup, sweep_latency, worker_throughput, heartbeat, memory, pickup, fleet, page_viewers, deploy)
+MODULES = (
+    sweep_vs_cleanup,
+    sweep_latency,
+    worker_throughput,
+    durable,
+    heartbeat,
+    memory,
+    pickup,
+    fleet,
+    page_viewers,
+    deploy,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -350,11 +350,41 @@ def page_section(doc: dict[str, Any]) -> str:
     )
 
 
+def durable_section(doc: dict[str, Any]) -> str:
+    """durable: per-job latency and one worker's throughput, with and without ``RQ_EPOCH_DURABLE_REPLICAS=1``."""
+    rates = {r['side']: r for r in doc['throughput']}
+    rows = [
+        [f'`rq worker` ({r["side"]})', r['p50_ms'], r['p90_ms'], r['p99_ms'], rates[r['side']]['jobs_per_second']]
+        for r in doc['latency']
+    ]
+    n = doc['throughput'][0]['n'] if doc['throughput'] else 0
+    m = doc['latency'][0]['m'] if doc['latency'] else 0
+    s = doc['summary']
+    enqueue_rows = [[what, e['p50_ms'], e['p99_ms']] for what, e in doc['enqueue'].items()]
+    return (
+        f'### Durable grants and outcomes ({doc["server"]}, {doc["replicas"]} replica on loopback)\n\n'
+        + md_table(
+            [
+                'side',
+                f'latency p50 ms ({m} jobs one at a time)',
+                'p90 ms',
+                'p99 ms',
+                f'jobs/s ({n:,} no-op jobs, one worker)',
+            ],
+            rows,
+        )
+        + f'\n\nThroughput durable / rq-epoch: {_fmt(s["throughput_durable_over_epoch"])}; durable / stock: '
+        + f'{_fmt(s["throughput_durable_over_stock"])}; latency p50 added: {_fmt(s["latency_p50_added_ms"])} ms.\n\n'
+        + md_table(['`rq_epoch.Queue.enqueue`', 'p50 ms', 'p99 ms'], enqueue_rows)
+    )
+
+
 #: Each benchmark's section, by the benchmark's name; the order of the full report.
 SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     'sweep_vs_cleanup': sweep_section,
     'sweep_latency': latency_section,
     'worker_throughput': throughput_section,
+    'durable': durable_section,
     'heartbeat': heartbeat_section,
     'memory': memory_section,
     'detection': detection_section,

@@ -8,6 +8,7 @@ that keeps killing its workers.
 
 from .errors import (
     ConfigurationError,
+    EnqueueNotConfirmed,
     EpochUnavailableError,
     OutcomeRefused,
     RqEpochError,
@@ -38,6 +39,7 @@ __all__ = [
     'ConfigurationError',
     'DeadLetters',
     'EpochJobMixin',
+    'EnqueueNotConfirmed',
     'EpochSettings',
     'EpochUnavailableError',
     'Fence',

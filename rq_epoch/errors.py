@@ -13,6 +13,7 @@ from rq.exceptions import AbandonedJobError
 
 __all__ = [
     'ConfigurationError',
+    'EnqueueNotConfirmed',
     'EpochUnavailableError',
     'OutcomeRefused',
     'RqEpochError',
@@ -73,6 +74,30 @@ class ServerOutageError(RqEpochError, redis.exceptions.ConnectionError):
     """
 
 
+class EnqueueNotConfirmed(RqEpochError):
+    """No replica confirmed an enqueued job in time (a durable enqueue, see
+    :class:`rq_epoch.Queue`): the job may or may not exist.
+
+    The primary took the job, but its replicas did not confirm it within
+    ``RQ_EPOCH_DURABLE_TIMEOUT``: if the primary is replaced now (a failover), the job may be
+    lost; if it is not, the job runs as any other. ``job_id`` names it, so that the producer
+    can look (``Job.exists(job_id)``) once the server has settled, and enqueue it again if it
+    is gone (an enqueue with the same ``job_id`` replaces it). ``replicas`` is how many
+    replicas confirmed it, of ``wanted``.
+    """
+
+    def __init__(self, job_id: str, replicas: int, wanted: int, timeout_ms: int) -> None:
+        self.job_id = job_id
+        self.replicas = replicas
+        self.wanted = wanted
+        self.timeout_ms = timeout_ms
+        super().__init__(
+            f'job {job_id} was enqueued on the primary, but {replicas} of {wanted} replica(s) confirmed it '
+            f'within {timeout_ms} ms: it may or may not exist after a failover; check with '
+            f'Job.exists({job_id!r}) and enqueue it again if it is gone'
+        )
+
+
 class StalledJobError(RqEpochError, AbandonedJobError):
     """Passed to ``on_failure`` callbacks of a job that the sweep dead-lettered.
 
@@ -87,8 +112,10 @@ class OutcomeRefused(BaseException):
     Raised by the fenced commit (see :mod:`rq_epoch.worker.fence`) when the execution no longer
     holds its lease; nothing of the outcome was written. ``reason`` is ``taken`` (a sweep
     took the lease; ``detail`` is its verdict), ``superseded`` (``detail`` is the newer
-    execution's id) or ``gone`` (no sign of a newer holder: the execution's own earlier
-    commit landed, or the job was cancelled or deleted). ``holder`` is the job's lease
+    execution's id), ``queued`` (the server holds no lease of this execution, a failover
+    lost its grant, and the job waits in its queue or intermediate list, whose key is
+    ``detail``: it runs again) or ``gone`` (no sign of a newer holder: the execution's own
+    earlier commit landed, or the job was cancelled or deleted). ``holder`` is the job's lease
     execution when the commit was refused, or ''.
 
     It derives from :class:`BaseException` and not from :class:`Exception` (as
@@ -115,4 +142,9 @@ class OutcomeRefused(BaseException):
             return f'a sweep took its lease (verdict {self.detail or "unknown"}){newer}'
         if self.reason == 'superseded':
             return f'a newer execution {self.detail} was granted the job'
+        if self.reason == 'queued':
+            return (
+                f'the server holds no lease of this execution and the job waits in {self.detail or "its queue"} '
+                '(a failover or restart lost its grant): it runs again there'
+            )
         return 'its lease is gone (no newer holder recorded)'

@@ -25,6 +25,12 @@ variable                         default  meaning
                                           hands the job back to the front of its queue,
                                           uncounted; 0: at once; ``unlimited``: wait for the
                                           job as RQ does
+``RQ_EPOCH_DURABLE_REPLICAS``    0        replicas that must confirm (``WAIT``) a grant, an
+                                          outcome and a durable enqueue before they count as
+                                          written; 0 is off
+``RQ_EPOCH_DURABLE_TIMEOUT``     1000     milliseconds one confirmation waits for them
+``RQ_EPOCH_DURABLE_FSYNC``       0        1: the primary must also have written them to its
+                                          append-only file on disk (``WAITAOF``)
 ===============================  =======  ====================================================
 
 With the defaults a worker that dies is detected within one lease (30 s) plus one sweep
@@ -66,6 +72,9 @@ _FIELDS = {
     'batch_size': ('RQ_EPOCH_BATCH_SIZE', 1),
     'startup_wait': ('RQ_EPOCH_STARTUP_WAIT', 0),
     'shutdown_timeout': ('RQ_EPOCH_SHUTDOWN_TIMEOUT', 0),
+    'durable_replicas': ('RQ_EPOCH_DURABLE_REPLICAS', 0),
+    'durable_timeout': ('RQ_EPOCH_DURABLE_TIMEOUT', 1),
+    'durable_fsync': ('RQ_EPOCH_DURABLE_FSYNC', 0),
 }
 
 
@@ -114,6 +123,17 @@ class EpochSettings:
     startup_wait: int = 300
     #: Seconds a worker told to stop waits for its job before it hands it back; None: unlimited.
     shutdown_timeout: int | None = 20
+    #: Replicas that must confirm a grant, an outcome or a durable enqueue (0: none asked).
+    durable_replicas: int = 0
+    #: Milliseconds one confirmation (``WAIT``, ``WAITAOF``) waits.
+    durable_timeout: int = 1000
+    #: Nonzero: the primary must also have fsynced them to its append-only file (``WAITAOF``).
+    durable_fsync: int = 0
+
+    @property
+    def durable(self) -> bool:
+        """Whether grants, outcomes and enqueues are confirmed before they count as written."""
+        return self.durable_replicas > 0 or self.durable_fsync > 0
 
     @property
     def lease_ttl(self) -> int:

@@ -10,6 +10,11 @@ The take tests need the opposite: a command the server *has* applied, whose repl
 reaches the client. Armed with :meth:`HoldingProxy.cut`, the proxy forwards the first write
 that contains the pattern, then closes that connection (both sides) when the server's
 reply arrives, instead of forwarding it.
+
+The failover tests put it on a replica's replication link (the replica connects to the
+primary through it) and hold what the server sends with :meth:`HoldingProxy.hold_downstream`:
+from then on, the primary acknowledges writes that the replica never receives, until it is
+promoted without them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ class HoldingProxy:
         self._released = threading.Event()
         self._sockets: list[socket.socket] = []
         self._closed = False
+        #: Cleared while what the server sends is held (:meth:`hold_downstream`).
+        self._downstream_open = threading.Event()
+        self._downstream_open.set()
+        #: Set once a held chunk was on its way to the client.
+        self.downstream_held = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -58,6 +68,16 @@ class HoldingProxy:
             self._cut_pattern = pattern
             self.cut_done.clear()
 
+    def hold_downstream(self) -> None:
+        """From now on, forward nothing the server sends, on any connection, until
+        :meth:`release_downstream` (or :meth:`close`, which drops what was held)."""
+        self.downstream_held.clear()
+        self._downstream_open.clear()
+
+    def release_downstream(self) -> None:
+        """Forward what the server sent while held, and everything after it."""
+        self._downstream_open.set()
+
     def release(self) -> None:
         """Forward the held write (and what followed it on that connection)."""
         self._released.set()
@@ -65,6 +85,7 @@ class HoldingProxy:
     def close(self) -> None:
         self._closed = True
         self._released.set()
+        self._downstream_open.set()
         for sock in [self._listener, *self._sockets]:
             try:
                 sock.close()
@@ -132,6 +153,11 @@ class HoldingProxy:
                 if cut_reply.is_set():  # the reply to the cut command: close instead
                     self.cut_done.set()
                     break
+                if not self._downstream_open.is_set():
+                    self.downstream_held.set()
+                    self._downstream_open.wait(self.hold_limit)
+                    if self._closed:
+                        break  # dropped: the client never gets it
                 target.sendall(chunk)
         except OSError:
             pass

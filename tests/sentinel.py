@@ -166,8 +166,12 @@ class SentinelTopology:
         primary_config: dict[str, str] | None = None,
         replica_config: dict[str, str] | None = None,
         appendfsync: str = 'everysec',
+        replication_link: Callable[[int], int] | None = None,
     ) -> None:
         self.kind = kind
+        #: Given the primary's port, the port the replicas connect to (a loopback proxy in front
+        #: of the primary that a test can hold, see ``tests/proxy.py``); None: the primary's own.
+        self.replication_link = replication_link
         self.base_dir = Path(base_dir)
         self.binary = find_server_binary(kind)
         common = {'repl-diskless-sync': 'yes', 'repl-diskless-sync-delay': '0', 'repl-timeout': '5'}
@@ -219,7 +223,8 @@ class SentinelTopology:
             self.primary.start()
             for replica in self.replicas:
                 # The primary's port is known for sure once it runs (see EmbeddedServer.start).
-                replica.extra_config['replicaof'] = f'127.0.0.1 {self.primary.port}'
+                link = self.replication_link(self.primary.port) if self.replication_link else self.primary.port
+                replica.extra_config['replicaof'] = f'127.0.0.1 {link}'
                 replica.start()
             for sentinel in self.sentinels:
                 sentinel.primary_port = self.primary.port

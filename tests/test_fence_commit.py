@@ -144,6 +144,61 @@ def test_an_unleased_execution_whose_entry_a_sweep_requeued_is_refused(conn) -> 
     assert conn.xlen(f'{keys.PREFIX}:results:{fence.job_id}') == 0
 
 
+@pytest.mark.parametrize('with_script', [False, True], ids=['scripted', 'watched'])
+@pytest.mark.parametrize('where', ['queue', 'intermediate'])
+def test_an_unleased_execution_whose_job_can_still_be_taken_is_refused_and_counted(
+    conn, with_script: bool, where: str
+) -> None:
+    """What a failover that lost the take and the grant leaves: the job back in its queue (or
+    in the intermediate list, when only the grant was lost), no lease, no holder. The outcome
+    must not land beside the one the job's next execution will write: it is refused whole,
+    counted as a stale outcome, and the job stays where it can be taken."""
+    queue = Queue('default', connection=conn)
+    fence = _unleased(conn, queue)
+    where_key = queue.key if where == 'queue' else keys.intermediate_key(queue.name)
+    conn.rpush(where_key, 'another-job', fence.job_id, 'a-third-job')
+    refusal = fence.check(conn)  # its callbacks do not run either
+    assert refusal is not None and refusal.reason == 'queued'
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence, with_script=with_script)
+    assert (refused.value.reason, refused.value.detail) == ('queued', where_key)
+    assert 'waits in' in refused.value.describe()
+    assert conn.hget(keys.job_key(fence.job_id), 'status') == b'started'
+    assert conn.exists(f'{keys.PREFIX}:results:{fence.job_id}', 'test:pushed', 'test:dependents') == 0
+    assert conn.exists(keys.committed_key(fence.composite_key)) == 0
+    assert conn.lrange(where_key, 0, -1) == [b'another-job', fence.job_id.encode(), b'a-third-job']
+    assert conn.hget(keys.job_key(fence.job_id), 'stale_outcomes') == b'1'
+    assert conn.hget(keys.stats_key('default'), 'refused') == b'1'
+    # Once the job's next execution took it from the list and was granted, the old one is superseded.
+    conn.lrem(where_key, 0, fence.job_id)
+    scripts.grant()(conn, [keys.leases_key('default'), keys.job_key(fence.job_id)], [fence.job_id, 60, 'next'])
+    with pytest.raises(OutcomeRefused) as refused:
+        _outcome(conn, fence, with_script=with_script)
+    assert (refused.value.reason, refused.value.detail) == ('superseded', 'next')
+
+
+def test_a_retried_commit_of_an_outcome_that_requeued_the_job_is_gone_not_queued(conn) -> None:
+    """A leased execution's retry outcome puts the job back in its queue; the same commit sent
+    again (the reply was lost) finds its own lease gone: "gone", not counted as stale."""
+    queue = Queue('default', connection=conn)
+    job, member = start_job(conn, queue, expired=False)
+    fence = _fence(job)
+    with conn.pipeline() as pipeline:
+        pipeline.zrem(keys.leases_key('default'), member)
+        pipeline.rpush(queue.key, job.id)
+        arm(pipeline, fence)
+        pipeline.execute()
+    with conn.pipeline() as pipeline:
+        pipeline.zrem(keys.leases_key('default'), member)
+        pipeline.rpush(queue.key, job.id)
+        arm(pipeline, fence)
+        with pytest.raises(OutcomeRefused) as refused:
+            pipeline.execute()
+    assert refused.value.reason == 'gone'
+    assert conn.lrange(queue.key, 0, -1) == [job.id.encode()]
+    assert conn.hget(keys.stats_key('default'), 'refused') is None
+
+
 def test_an_unleased_execution_of_a_deleted_job_writes_nothing(conn) -> None:
     fence = _unleased(conn, Queue('default', connection=conn))
     conn.delete(keys.job_key(fence.job_id))
@@ -225,3 +280,30 @@ def test_a_commit_the_server_refuses_for_want_of_replicas_is_an_outage_and_lands
     assert conn.xlen(f'{keys.PREFIX}:results:{job.id}') == 1
     assert conn.hget(job.key, 'stale_outcomes') is None
     conn.close()
+
+
+def test_a_grant_whose_take_this_server_never_saw_takes_the_job_off_its_queue(conn) -> None:
+    """A failover lost the take (RQ's BLMOVE into the intermediate list), and the worker granted
+    on the new primary: the job still waits in its queue there. The grant takes it off the queue
+    with the lease, atomically, so that no other worker runs it beside this execution; a job
+    whose take's entry is there keeps the rest of its queue as it was."""
+    from rq_epoch.jobs.job import StartedJobRegistry
+
+    queue = Queue('default', connection=conn)
+    registry = StartedJobRegistry('default', connection=conn)
+    lost = queue.enqueue('tests.jobs.add', 1, 2)
+    other = queue.enqueue('tests.jobs.add', 3, 4)
+    reply = verbs.grant(conn, registry.grant_keys(lost.id), [lost.id, 60, 'e1', keys.PREFIX])
+    assert reply.granted
+    assert conn.lrange(queue.key, 0, -1) == [other.id.encode()]  # off the queue, with its lease
+    assert conn.zscore(keys.leases_key('default'), lost.id) is not None
+    # The usual case: the take moved it into the intermediate list; the queue is not touched.
+    conn.lrem(queue.key, 0, other.id)
+    conn.rpush(keys.intermediate_key('default'), other.id)
+    third = queue.enqueue('tests.jobs.add', 5, 6)
+    verbs.grant(conn, registry.grant_keys(other.id), [other.id, 60, 'e2', keys.PREFIX])
+    assert conn.lrange(keys.intermediate_key('default'), 0, -1) == []
+    assert conn.lrange(queue.key, 0, -1) == [third.id.encode()]
+    # The outcome of the execution that holds the lease lands; the job can be taken from nowhere.
+    _outcome(conn, Fence('default', lost.id, 'e1'))
+    assert conn.hget(lost.key, 'status') == b'finished'

@@ -103,6 +103,7 @@ def test_own_keys_share_the_prefix_and_a_namespace() -> None:
         keys.limbo_key(QUEUE),
         keys.primaries_key(),
         keys.alive_key(),
+        keys.confirm_key(),
     ]
     assert all(name.startswith(f'{keys.PREFIX}:epoch:') for name in own)
     assert len(set(own)) == len(own)

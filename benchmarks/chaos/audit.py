@@ -405,6 +405,11 @@ def _audit(client: redis.Redis, run: SideRun, cfg: Config, plan: Plan, side: str
     notes: list[str] = []
     if run.producer is not None and run.producer.errors:
         notes += run.producer.errors
+    if run.producer is not None and run.producer.unconfirmed:
+        notes.append(
+            f'enqueues reported unconfirmed to the producer (EnqueueNotConfirmed): {len(run.producer.unconfirmed)} '
+            f'({", ".join(run.producer.unconfirmed[:10])})'
+        )
     if side == EPOCH:
         violations = check_invariants(jobs, cfg)
         for job_id in sorted({v.split(':', 1)[0] for v in violations}):

@@ -46,6 +46,9 @@ class Producer(threading.Thread):
         self.calm.set()
         self.enqueued: list[str] = []
         self.errors: list[str] = []
+        #: Jobs whose durable enqueue (``RQ_EPOCH_DURABLE_REPLICAS``) no replica confirmed in
+        #: time: the producer was told they may or may not exist (``EnqueueNotConfirmed``).
+        self.unconfirmed: list[str] = []
 
     def run(self) -> None:
         """Enqueue every planned job at its time (stops early when :attr:`stop` is set)."""
@@ -95,6 +98,9 @@ class Producer(threading.Thread):
                 if attempt and client.exists(keys.job_key(spec.id)):
                     break  # the enqueue (one transaction) landed before the connection dropped
                 queue.enqueue_call(func, args=args, **kwargs)
+                break
+            except rq_epoch.EnqueueNotConfirmed:
+                self.unconfirmed.append(spec.id)  # reported to the producer; the audit finds whether it ran
                 break
             except (*SERVER_ERRORS, redis.exceptions.ResponseError) as exc:
                 if isinstance(exc, redis.exceptions.ResponseError) and not is_outage(exc):

@@ -109,6 +109,9 @@ class EpochJobMixin(_MixinBase):
     fence: Fence | None = None
     #: True once the fence refused this process's outcome of the job.
     outcome_refused: bool = False
+    #: True when the grant of this process's execution was lost before a replica confirmed
+    #: it (``RQ_EPOCH_DURABLE_REPLICAS``): the worker does not run the job.
+    grant_lost: bool = False
     _heartbeat_registry: StartedJobRegistry | None = None
     _callback_decisions: dict[tuple[str, str], bool] | None = None
     #: Set by rq-epoch's workers on the job they run: calls :meth:`perform` again after a
@@ -124,6 +127,7 @@ class EpochJobMixin(_MixinBase):
         self._max_stalled = None
         self.fence = None
         self.outcome_refused = False
+        self.grant_lost = False
         self._callback_decisions = {}
         super().__init__(*args, **kwargs)
 
@@ -367,7 +371,8 @@ class StartedJobRegistry(RQStartedJobRegistry):
 
         Besides the lease and the job, the grant removes the job's entry from RQ's
         intermediate list (where the take left it) and its first sighting by a sweep, and
-        RQ's registry entry of the execution whose lease it replaces, if any.
+        RQ's registry entry of the execution whose lease it replaces, if any; when the
+        take's entry is missing (a failover lost the take), the job's entry in its queue.
         """
         return [
             self.leases_key,
@@ -375,6 +380,7 @@ class StartedJobRegistry(RQStartedJobRegistry):
             keys.intermediate_key(self.name),
             keys.limbo_key(self.name),
             self.key,
+            keys.queue_key(self.name),
         ]
 
     def remove_execution(

@@ -25,6 +25,7 @@ __all__ = [
     'KeyFamily',
     'alive_key',
     'committed_key',
+    'confirm_key',
     'execution_key',
     'failed_key',
     'finishing_key',
@@ -143,6 +144,13 @@ def startup_probe_key() -> str:
     takes writes (a write command is refused by a replica, a loading server, or a primary
     short of replicas, whether or not the key exists)."""
     return f'{PREFIX}:epoch:probe'
+
+
+def confirm_key() -> str:
+    """A string written just before each confirmation (``WAIT``) on the same connection, so
+    that the confirmation covers every write the server applied before it, whichever pooled
+    connection made them (``rq_epoch.protocol.durable``). Its value means nothing."""
+    return f'{PREFIX}:epoch:confirm'
 
 
 def finishing_key() -> str:

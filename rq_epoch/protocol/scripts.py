@@ -32,6 +32,7 @@ __all__ = [
     'ServerScript',
     'claim',
     'commit',
+    'confirm',
     'extend',
     'grant',
     'handback',
@@ -134,6 +135,7 @@ watch = _verb('watch')
 ticket = _verb('ticket')
 stopmark = _verb('stopmark')
 handback = _verb('handback')
+confirm = _verb('confirm')
 
 
 def load_all(connection: Redis) -> None:
@@ -150,5 +152,6 @@ def load_all(connection: Redis) -> None:
         ticket(),
         stopmark(),
         handback(),
+        confirm(),
     ):
         script.load(connection)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     'CommitReply',
+    'ConfirmReply',
     'DeadLetterClaim',
     'ExtendReply',
     'GrantReply',
@@ -143,17 +144,17 @@ class CommitReply:
     :class:`rq_epoch.OutcomeRefused`).
     """
 
-    #: The outcome lands: the execution holds its lease, or was never granted one and
-    #: nobody took over.
+    #: The outcome lands: the execution holds its lease, or was never granted one, nobody
+    #: took over and the job is in none of the lists it can be taken from.
     lands: bool
     #: The execution held its lease (False for one never granted a lease, and for a refusal).
     leased: bool
     #: One reply per command, when the outcome lands.
     replies: tuple[Any, ...] = ()
-    #: Why the outcome was refused: ``taken``, ``superseded`` or ``gone``; '' when it lands.
+    #: Why the outcome was refused: ``taken``, ``superseded``, ``queued`` or ``gone``; '' when it lands.
     reason: str = ''
-    #: The verdict of the sweep that took the lease (``taken``), or the newer execution's id
-    #: (``superseded``).
+    #: The verdict of the sweep that took the lease (``taken``), the newer execution's id
+    #: (``superseded``), or the key of the list the job waits in (``queued``).
     detail: str = ''
     #: The job's ``lease_execution`` when the outcome was refused ('' if none).
     holder: str = ''
@@ -243,6 +244,28 @@ class HandBackReply:
 def hand_back(connection: Redis, keys: list[str], args: list[Any]) -> HandBackReply:
     """Run the handback script (KEYS and ARGV as in ``lua/handback.lua``)."""
     return HandBackReply.read(scripts.handback()(connection, keys, args))
+
+
+# -- confirm -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfirmReply:
+    """What the confirm script wrote before ``WAIT`` (``lua/confirm.lua``): which server it ran on."""
+
+    #: ``<run_id>:<master_replid>``: the server process, and its term as primary.
+    server: str
+    #: Replicas connected to it when the script ran.
+    connected: int
+    #: False for a primary promoted (from a replica) so lately that having no replica says
+    #: nothing yet: its old primary may be on its way back as its replica.
+    settled: bool = True
+
+    @classmethod
+    def read(cls, raw: Sequence[Any]) -> ConfirmReply:
+        """Decode ``{server, connected, settled}``."""
+        server, connected, settled = raw
+        return cls(server=text(server), connected=int(connected), settled=int(settled) == 1)
 
 
 # -- claim -------------------------------------------------------------------------------

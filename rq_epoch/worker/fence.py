@@ -17,11 +17,13 @@ the transaction around it. The fence takes the place of that one pipeline's ``ex
 and reads and rewrites its queued commands, through
 :mod:`rq_epoch.adapters.redis_py` (redis-py has no public hook for either).
 
-An outcome is refused only on evidence that someone else took over: a sweep's record of
-taking the lease, or a newer lease holder. An execution that was never granted a lease
-and has no newer holder commits (once: the script records it, so a retried commit is
-refused as "gone", like the retried commit of a leased execution, whose lease the first
-attempt removed).
+An outcome is refused on evidence that someone else took over: a sweep's record of taking
+the lease, or a newer lease holder. An execution that holds no lease on the server it talks
+to (a failover lost its take and grant) is refused too while its job can still be taken,
+from its queue or the intermediate list: the job runs again, and ends with one outcome, not
+two. Otherwise an execution that was never granted a lease commits (once: the script
+records it, so a retried commit is refused as "gone", like the retried commit of a leased
+execution, whose lease the first attempt removed).
 
 A transaction that already carries a script call cannot be nested inside another script,
 and a script cannot call a command with more arguments than Lua's stack holds; such a
@@ -79,6 +81,8 @@ class Fence:
             keys.job_key(self.job_id),
             keys.stats_key(self.queue),
             keys.committed_key(self.composite_key),
+            keys.queue_key(self.queue),
+            keys.intermediate_key(self.queue),
         ]
 
     def check(self, connection: Redis | Pipeline) -> OutcomeRefused | None:

@@ -9,24 +9,29 @@ functions here are those two round trips; :class:`rq_epoch.Worker` calls them fr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import redis.exceptions
 from rq.job import Job as RQJob
 from rq.utils import now
 from rq.worker import Worker as RQWorker
 
-from ..errors import RqEpochError
+from ..errors import CONNECTION_ERRORS, OutcomeRefused, RqEpochError
 from ..jobs.job import EpochJobMixin, StartedJobRegistry
 from ..jobs.jobclass import adopt
 from ..protocol import keys, scripts, verbs
+from ..protocol.durable import Durability
 from ..settings import EpochSettings
+from .fence import Fence
 
 if TYPE_CHECKING:
     from redis import Redis
     from rq.executions import Execution
 
-__all__ = ['grant_again', 'heartbeat_round_trip', 'lease_ttl']
+__all__ = ['confirm_grant', 'grant_again', 'heartbeat_round_trip', 'lease_ttl']
 
 
 def lease_ttl(settings: EpochSettings, job: RQJob, working_time: float = 0.0) -> int:
@@ -105,3 +110,87 @@ def heartbeat_round_trip(
             "rq-epoch's StartedJobRegistry (a job class without the epoch behaviour?)"
         )
     return reply
+
+
+def confirm_grant(
+    durability: Durability,
+    connection: Redis,
+    fence: Fence,
+    *,
+    follow: Callable[[], bool],
+    heartbeat: Callable[[], verbs.ExtendReply],
+    heartbeat_every: float,
+    give_up: float,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    name: str,
+) -> OutcomeRefused | None:
+    """Wait until replicas confirm the grant of ``fence``'s execution, before its job runs.
+
+    Each confirmation carries the fence's check, on the same server: returns None once a
+    server that holds this execution's lease confirmed it (or counts as written, see
+    :class:`~rq_epoch.protocol.durable.Durability`), and the fence's refusal when the server
+    the worker talks to does not hold it (a failover lost the grant, and the job waits in its
+    queue there; or a sweep took it): the job must not run; it runs from where it waits, once.
+
+    While it waits, ``follow()`` moves the worker to a new primary (True when it moved) and
+    ``heartbeat()`` extends the lease every ``heartbeat_every`` seconds, so that no sweep
+    takes a lease that waits for its replicas. At the monotonic time ``give_up`` the job
+    runs unconfirmed (one warning).
+    """
+    waiting_since = time.monotonic()
+    next_beat = waiting_since + heartbeat_every
+    said = False
+    check = (fence.script_keys, fence.script_args('0', 0))
+    for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
+        try:
+            confirmation = durability.confirm(connection, check)
+        except CONNECTION_ERRORS:
+            confirmation = None  # the primary is going away: follow it, and look for the lease there
+            time.sleep(0.1)
+        here = confirmation.check if confirmation is not None else None
+        if here is not None and not here.lands:
+            # The server that answered (the primary now) does not hold this execution's lease.
+            refusal = fence.refusal(here)
+            log.warning(
+                'Worker %s: the grant of job %s to execution %s was lost before a replica confirmed it (%s); '
+                'not running it here',
+                name,
+                fence.job_id,
+                fence.execution_id,
+                refusal.describe(),
+            )
+            return refusal
+        if confirmation is not None and confirmation.confirmed and (here is None or here.leased):
+            break  # the lease is on the server that confirmed it
+        if not said:
+            said = True
+            log.warning(
+                'Worker %s: no replica confirmed the grant of job %s within %s ms; waiting before running it',
+                name,
+                fence.job_id,
+                durability.timeout_ms,
+            )
+        follow()
+        now = time.monotonic()
+        if now >= give_up:
+            log.warning(
+                'Worker %s: the grant of job %s is still not confirmed after %.0fs; running it unconfirmed',
+                name,
+                fence.job_id,
+                now - waiting_since,
+            )
+            return None
+        if now >= next_beat and here is not None and here.leased:
+            next_beat = now + heartbeat_every
+            try:
+                heartbeat()  # the lease is here: keep it while its replicas catch up
+            except CONNECTION_ERRORS:
+                continue
+    if said:
+        log.warning(
+            'Worker %s: the grant of job %s confirmed after %.1fs; running it',
+            name,
+            fence.job_id,
+            time.monotonic() - waiting_since,
+        )
+    return None

@@ -4,6 +4,9 @@
 retry, the end of an execution) write through: each RQ transaction that records an outcome is
 armed with the execution's :class:`~rq_epoch.worker.fence.Fence` (see ``Worker.cleanup_execution``),
 and written again after a server outage, with backoff, until it lands or the fence refuses it.
+With ``RQ_EPOCH_DURABLE_REPLICAS`` an outcome that landed is confirmed by replicas too; one that
+no replica confirmed is kept, and written again through the same fence on the new primary when
+the primary moves (see :meth:`OutcomeWriter.confirm`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from rq.job import Job as RQJob
 
 from ..errors import CONNECTION_ERRORS, OutcomeRefused
 from ..jobs.jobclass import adopt
+from ..protocol.durable import Durability
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -35,7 +39,8 @@ class OutcomeWriter:
     refuses it, or the worker's time limit has passed.
 
     ``before_write()`` runs before the first attempt (the worker makes sure it talks to the
-    current primary).
+    current primary). ``durability``, when it asks for confirmations, confirms each outcome
+    that landed; ``moved()`` asks whether the primary moved (and moves the connections).
     """
 
     def __init__(
@@ -46,6 +51,8 @@ class OutcomeWriter:
         name: str,
         max_backoff: float,
         before_write: Callable[[], None],
+        durability: Durability | None = None,
+        moved: Callable[[], bool] | None = None,
     ) -> None:
         self.connection = connection
         self.log = log
@@ -53,15 +60,28 @@ class OutcomeWriter:
         #: Longest pause, in seconds, between two attempts.
         self.max_backoff = max_backoff
         self.before_write = before_write
+        self.durability = durability
+        self.moved = moved or (lambda: False)
 
-    def write(self, job: RQJob, what: str, write: Callable[[], object], give_up: float) -> OutcomeRefused | None:
+    def write(
+        self,
+        job: RQJob,
+        what: str,
+        write: Callable[[], object],
+        give_up: float,
+        rewrite: Callable[[], object] | None = None,
+        confirm: bool = True,
+    ) -> OutcomeRefused | None:
         """Run ``write`` (RQ's recording of the ``what`` of ``job``), fenced, riding out an outage
         until the monotonic time ``give_up``.
 
         Returns the fence's refusal, for the worker to report, or None once the outcome
         landed. On a connection error it waits with exponential backoff and tries again; a
         first attempt that landed after all makes the next one find the lease gone ("gone"),
-        which is logged as landed: an outcome is never written twice.
+        which is logged as landed: an outcome is never written twice. With durability on,
+        the outcome that landed is then confirmed (:meth:`confirm`; ``rewrite``, default
+        ``write``, writes it again on a new primary), unless ``confirm`` is False (a step
+        that the job's final outcome follows, and whose confirmation covers).
 
         Raises:
             redis.exceptions.ConnectionError: the server did not come back before ``give_up``.
@@ -87,7 +107,7 @@ class OutcomeWriter:
         except OutcomeRefused as refusal:
             if failures and refusal.reason == 'gone':
                 self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-                return None
+                return self.confirm(job, what, rewrite or write, give_up) if confirm else None
             return refusal
         if failures:
             self.log.warning(
@@ -97,6 +117,73 @@ class OutcomeWriter:
                 job.id,
                 failures + 1,
             )
+        return self.confirm(job, what, rewrite or write, give_up) if confirm else None
+
+    def confirm(self, job: RQJob, what: str, write: Callable[[], object], give_up: float) -> OutcomeRefused | None:
+        """Wait until replicas confirm the ``what`` of ``job`` that just landed; None once they do.
+
+        Without durability, or where it cannot work (no replica connected, ``WAIT`` refused),
+        returns at once. An outcome no replica confirmed in time is kept: when the primary
+        moves (a failover), it is written again there by ``write`` through the same fence. It
+        lands if the job is still this execution's there (the failover lost it), is found
+        already written (``gone``: it reached the new primary before the failover), or is
+        refused because another execution has the job now: that refusal is returned. Until
+        the monotonic time ``give_up``; then it stays as written, unconfirmed (one warning).
+        """
+        durability = self.durability
+        if durability is None or not durability.enabled:
+            return None
+        said = False
+        fence = getattr(job, 'fence', None)
+        check = (fence.script_keys, fence.script_args('0', 0)) if fence is not None else None
+        for _ in range(1_000_000):  # each turn waits up to the durable timeout (the time limit ends it)
+            rewrite = False
+            try:
+                confirmation = durability.confirm(self.connection, check)
+            except CONNECTION_ERRORS:
+                pass  # the primary is going away: follow it
+            else:
+                here = confirmation.check
+                # The fence's check ran on the server that confirmed: this execution still holds
+                # the lease there, so the outcome is not there (the connection reached a new
+                # primary, by the watch or by itself, that never got it): write it again there.
+                rewrite = here is not None and here.lands and here.leased
+                if confirmation.confirmed and not rewrite:
+                    if said:
+                        self.log.warning('Worker %s: the %s of job %s is confirmed', self.name, what, job.id)
+                    return None
+            if not said:
+                said = True
+                self.log.warning(
+                    'Worker %s: no replica confirmed the %s of job %s within %s ms; keeping it until one does, '
+                    'or until the primary moves',
+                    self.name,
+                    what,
+                    job.id,
+                    durability.timeout_ms,
+                )
+            if time.monotonic() >= give_up:
+                break
+            if not rewrite and not self.moved():
+                continue
+            self.log.warning(
+                'Worker %s: the primary moved before a replica confirmed the %s of job %s; writing it again there',
+                self.name,
+                what,
+                job.id,
+            )
+            try:
+                self.with_backoff(write, give_up)
+            except OutcomeRefused as refusal:
+                if refusal.reason != 'gone':
+                    return refusal
+                self.log.info('Worker %s: the %s of job %s had reached the new primary', self.name, what, job.id)
+        self.log.warning(
+            'Worker %s: the %s of job %s is still not confirmed by a replica; it stays as the primary took it',
+            self.name,
+            what,
+            job.id,
+        )
         return None
 
     def landed(self, job: RQJob) -> bool:

@@ -42,6 +42,7 @@ from ..errors import CONNECTION_ERRORS, OutcomeRefused, RqEpochError
 from ..jobs.job import EpochJobMixin, Job
 from ..jobs.jobclass import adopt, resolve_job_class
 from ..protocol import keys, scripts, verbs
+from ..protocol.durable import Durability
 from ..protocol.report import SweepReport
 from ..protocol.server import ServerEpoch, read_epoch
 from ..settings import UNLIMITED, EpochSettings
@@ -49,7 +50,7 @@ from ..sweep.sweeper import Sweeper
 from .contact import ServerContact
 from .failover import PrimaryWatch, is_outage
 from .fence import Fence, arm
-from .heartbeats import grant_again, heartbeat_round_trip, lease_ttl
+from .heartbeats import confirm_grant, grant_again, heartbeat_round_trip, lease_ttl
 from .outcomes import OutcomeWriter
 from .stopping import StopRequest, hand_back, mark_stopping
 from .take import Taker
@@ -151,9 +152,15 @@ class Worker(RQWorker):
         batch_size: int | None = None,
         startup_wait: int | None = None,
         shutdown_timeout: int | str | None = None,
+        durable_replicas: int | None = None,
+        durable_timeout: int | None = None,
+        durable_fsync: int | bool | None = None,
         **kwargs: Any,
     ) -> None:
         self.epoch_settings = EpochSettings.resolve(
+            durable_replicas=durable_replicas,
+            durable_timeout=durable_timeout,
+            durable_fsync=None if durable_fsync is None else int(durable_fsync),
             max_stalled=max_stalled,
             heartbeat_interval=heartbeat_interval,
             lease_margin=lease_margin,
@@ -219,6 +226,14 @@ class Worker(RQWorker):
             on_back=lambda: self._keep_scheduler(force=True),
             on_new_epoch=lambda: scripts.load_all(self.connection),
         )
+        #: Confirms grants and outcomes with replicas (``RQ_EPOCH_DURABLE_*``; off by default).
+        self.durability = Durability(
+            self.epoch_settings.durable_replicas,
+            self.epoch_settings.durable_timeout,
+            bool(self.epoch_settings.durable_fsync),
+            log=self.log,
+            name=self.name,
+        )
         #: Writes the outcomes of this worker's executions, fenced, through an outage.
         self.outcomes = OutcomeWriter(
             self.connection,
@@ -226,6 +241,8 @@ class Worker(RQWorker):
             name=self.name,
             max_backoff=float(min(self.max_connection_wait_time, max(1, self.epoch_settings.heartbeat_interval))),
             before_write=self._follow_primary,
+            durability=self.durability,
+            moved=self._primary_moved,
         )
 
     # -- start -----------------------------------------------------------------------
@@ -267,6 +284,14 @@ class Worker(RQWorker):
             s.grace,
             UNLIMITED if s.shutdown_timeout is None else f'{s.shutdown_timeout}s',
         )
+        if self.durability.enabled:
+            self.log.info(
+                'Worker %s: grants and outcomes confirmed by %d replica(s) within %d ms%s',
+                self.name,
+                s.durable_replicas,
+                s.durable_timeout,
+                " and on the primary's disk (WAITAOF)" if s.durable_fsync else '',
+            )
 
     def wait_for_server(self) -> ServerEpoch:
         """Read the epoch, load the scripts and check that the server takes writes; wait while it cannot.
@@ -321,6 +346,10 @@ class Worker(RQWorker):
         """Before an outcome is written: make sure this process talks to the current primary."""
         if self.primary_watch is not None:
             self.primary_watch.refresh()
+
+    def _primary_moved(self) -> bool:
+        """Ask the sentinels now; True when the primary moved (every connection follows it)."""
+        return self.primary_watch is not None and self.primary_watch.refresh(max_age=0)
 
     def _failover_announced(self, run_id: str) -> bool:
         """Whether the primary watch logged the move to the server process ``run_id``."""
@@ -403,10 +432,12 @@ class Worker(RQWorker):
         """In the work-horse: ignore SIGTERM and SIGINT; the worker decides what happens to the job.
 
         A supervisor that stops a worker may send SIGTERM to every process of it at once
-        (systemd's default, Heroku, supervisor's ``stopasgroup``), or a terminal's Ctrl-C may
-        reach it: the job must not die of it. The worker stops the work-horse itself (SIGKILL)
-        when it hands the job back (see :meth:`request_stop`). The signals were blocked across
-        the fork (:meth:`fork_work_horse`) and are let through once ignored.
+        (systemd's default ``KillMode=control-group``, Heroku): the job must not die of it.
+        (RQ puts the work-horse in a process group of its own, so a signal to the worker's
+        group, supervisor's ``stopasgroup`` or a terminal's Ctrl-C, does not reach it.) The
+        worker stops the work-horse itself (SIGKILL) when it hands the job back (see
+        :meth:`request_stop`). The signals were blocked across the fork
+        (:meth:`fork_work_horse`) and are let through once ignored.
         """
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -704,8 +735,29 @@ class Worker(RQWorker):
                 raise
             execution = self.execution
             grant_again(self.connection, job, execution, self.get_heartbeat_ttl(job), self.job_class)
-        cast(EpochJobMixin, job).fence = Fence(job.origin, job.id, execution.id)
+        fence = Fence(job.origin, job.id, execution.id)
+        cast(EpochJobMixin, job).fence = fence
+        if self.durability.enabled:
+            self._confirm_grant(job, execution, fence)
         return execution
+
+    def _confirm_grant(self, job: RQJob, execution: Execution, fence: Fence) -> None:
+        """Wait until replicas confirm the grant (``RQ_EPOCH_DURABLE_REPLICAS``), before the job
+        runs (:func:`rq_epoch.worker.heartbeats.confirm_grant`). A grant lost meanwhile (a failover)
+        marks the job so that :meth:`perform_job` does not run it: it waits in its queue on the
+        current primary, and runs from there, once."""
+        lost = confirm_grant(
+            self.durability,
+            self.connection,
+            fence,
+            follow=self._primary_moved,
+            heartbeat=lambda: self._heartbeat_lease(job, execution),
+            heartbeat_every=float(self.epoch_settings.heartbeat_interval),
+            give_up=time.monotonic() + self.outcome_retry_limit,
+            log=self.log,
+            name=self.name,
+        )
+        cast(EpochJobMixin, job).grant_lost = lost is not None
 
     def perform_job(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> bool:
         """Run the job as RQ does (in the work-horse, or in-process), as the execution that holds its lease.
@@ -714,6 +766,11 @@ class Worker(RQWorker):
         its execution's fence yet (a spawned work-horse fetched it anew) is given it.
         """
         leased = cast(EpochJobMixin, adopt(job))
+        if leased.grant_lost:
+            self.log.info(
+                'Worker %s: job %s not run: its grant was lost before a replica confirmed it', self.name, job.id
+            )
+            return False
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
         if leased.fence is None and execution is not None and execution.job_id == job.id:
             leased.fence = Fence(job.origin, job.id, execution.id)
@@ -865,13 +922,23 @@ class Worker(RQWorker):
     def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
         """End the execution as RQ does, fenced; rides out a server outage."""
         rq_end = super().handle_execution_ended
-        self.write_outcome(job, 'end', lambda: rq_end(job, queue, heartbeat_ttl))
+        # Not confirmed on its own: the outcome that follows it is, and covers it.
+        self.write_outcome(job, 'end', lambda: rq_end(job, queue, heartbeat_ttl), confirm=False)
 
-    def write_outcome(self, job: RQJob, what: str, write: Callable[[], object]) -> None:
+    def write_outcome(self, job: RQJob, what: str, write: Callable[[], object], confirm: bool = True) -> None:
         """Run ``write`` (RQ's recording of a job's outcome) through :attr:`outcomes`: fenced,
-        riding out a server outage for up to :attr:`outcome_retry_limit` seconds; a refusal is
-        reported with :meth:`outcome_refused`."""
-        refusal = self.outcomes.write(job, what, write, time.monotonic() + self.outcome_retry_limit)
+        riding out a server outage for up to :attr:`outcome_retry_limit` seconds, and (with
+        ``RQ_EPOCH_DURABLE_REPLICAS``, unless ``confirm`` is False) confirmed by replicas or
+        written again on a new primary; a refusal is reported with :meth:`outcome_refused`."""
+        execution = self.execution
+
+        def rewrite() -> object:
+            # The same outcome again on a new primary (durability): RQ 2 let go of the execution.
+            if self.execution is None and execution is not None and execution.job_id == job.id:
+                self.execution = execution
+            return write()
+
+        refusal = self.outcomes.write(job, what, write, time.monotonic() + self.outcome_retry_limit, rewrite, confirm)
         if refusal is not None:
             self.outcome_refused(job, what, refusal)
 

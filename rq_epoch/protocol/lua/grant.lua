@@ -13,6 +13,7 @@
 -- KEYS[3]  optional: RQ's intermediate list of the queue (<prefix>:queue:<queue>:intermediate)
 -- KEYS[4]  optional: first sightings of jobs in that list (<prefix>:epoch:limbo:<queue>)
 -- KEYS[5]  optional: RQ's StartedJobRegistry of the queue (<prefix>:wip:<queue>)
+-- KEYS[6]  optional: RQ's list of the queue (<prefix>:queue:<queue>)
 -- ARGV[1]  job id (the lease member)
 -- ARGV[2]  lease length in seconds (deadline = server TIME + this)
 -- ARGV[3]  execution id
@@ -25,7 +26,11 @@
 --
 -- With KEYS[3] and KEYS[4], the job's entry in the intermediate list (left there by the
 -- take, or by RQ's BLMOVE on a single queue) and its first sighting by a sweep are
--- removed: once the lease exists, the lease is what the sweep recovers.
+-- removed: once the lease exists, the lease is what the sweep recovers. When the entry is
+-- not there and KEYS[6] is given, the job is removed from its queue instead: this server
+-- never saw the take (a failover lost it, and the worker followed the new primary before
+-- it granted), so the job still waits in its queue here, where another worker would take
+-- it and run it beside this execution. A lease exists only for a job that no list holds.
 --
 -- With KEYS[5], the registry entry "<job_id>:<execution_id>" of the execution whose lease
 -- this grant replaces (the job's `lease_execution` before it) is removed: that execution
@@ -40,6 +45,7 @@
 -- @include _epoch.lua
 
 local leases_key, job_key, intermediate_key, limbo_key, wip_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local queue_key = KEYS[6]
 local job_id, execution = ARGV[1], ARGV[3]
 
 local run_id, uptime, err = current_epoch()
@@ -66,7 +72,9 @@ else
   rcall('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
 end
 if limbo_key then
-  rcall('LREM', intermediate_key, 1, job_id)
+  local taken = rcall('LREM', intermediate_key, 1, job_id)
   rcall('HDEL', limbo_key, job_id)
+  -- (The queue is scanned only when the take's entry is missing: the rare case.)
+  if taken == 0 and queue_key then rcall('LREM', queue_key, 1, job_id) end
 end
 return {1, run_id, tostring(deadline)}
