@@ -114,14 +114,18 @@ def throughput_section(doc: dict[str, Any]) -> str:
             s[side]['jobs_per_second'],
             s[side]['steady_jobs_per_second'],
             s[side]['reads_per_job'],
+            s[side]['commands_per_job'],
+            s[side].get('scripts_per_job'),
         ]
         for side in (STOCK, EPOCH)
     ]
-    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio'], None])
+    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio'], None, None, None])
     headers = [f'{n:,} no-op jobs, fork per job', 'jobs/s (whole run)', 'jobs/s (first start to last end)']
+    load = f'\n\nLoad average (1 min) at the end: {doc["load_average"]}.' if 'load_average' in doc else ''
     return (
         '### Worker throughput\n\n'
-        + md_table([*headers, 'requests / job'], rows)
+        + md_table([*headers, 'requests / job', 'commands / job', 'script calls / job'], rows)
+        + load
         + f'\n\nTarget ≥{s["target"]}×: {_target(s["target_met"], "").strip()}.'
     )
 
@@ -243,7 +247,7 @@ def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> st
         s, e = stock['pickup'][f'{figure[7:]}_ms'], epoch['pickup'][f'{figure[7:]}_ms']
     else:
         s, e = stock[figure], epoch[figure]
-    if 'commands' in figure:
+    if figure in ('commands_per_job', 'idle_commands_per_second'):
         s, e = round(s), round(e)
     if figure.endswith('_per_job') and e <= 0:  # below the idle rate: see the note on the clients' CPU
         return f'{_fmt(s)} → not measurable'
@@ -260,8 +264,11 @@ def fleet_section(doc: dict[str, Any]) -> str:
         'connections',
         'server CPU per job ms',
         'commands per job',
+        'script calls per job',
+        'requests per job',
         'pickup p50 ms',
         'pickup p99 ms',
+        'load',
     ]
     rows = []
     for cell in doc['cells'] + doc['simulated']:
@@ -271,7 +278,9 @@ def fleet_section(doc: dict[str, Any]) -> str:
         rows.append(
             [label]
             + [_pair(cell, f) for f in ('idle_cpu_ms_per_second', 'idle_commands_per_second', 'connections')]
-            + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'pickup_p50', 'pickup_p99')]
+            + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'scripts_per_job', 'requests_per_job')]
+            + [_pair(cell, f) for f in ('pickup_p50', 'pickup_p99')]
+            + [f'{_fmt(cell[STOCK].get("load_average"))} / {_fmt(cell[EPOCH].get("load_average"))}']
         )
     out = '### A fleet of workers: idle cost and cost per job (stock → rq-epoch)\n\n' + md_table(headers, rows)
     sizes, sim = doc['sizes'], doc['simulated_sizes']

@@ -10,6 +10,7 @@ tests/test_worker_command.py.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable
 
@@ -59,11 +60,6 @@ def watcher(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
     return holder(conn, fleet, keys.watch_key(SET_ID))
 
 
-def deputy(conn: redis.Redis, fleet: list[WorkerProcess]) -> WorkerProcess:
-    """The worker process that stands by to take the watch over."""
-    return holder(conn, fleet, keys.deputy_key(SET_ID))
-
-
 def test_one_enqueue_makes_at_most_two_of_eight_idle_workers_read_the_queues(conn, start_worker) -> None:
     # A long sweep interval: nothing but the enqueues happens while the workers idle.
     fleet = start_fleet(start_worker, conn, 8, {'RQ_EPOCH_SWEEP_INTERVAL': '30'})
@@ -73,23 +69,17 @@ def test_one_enqueue_makes_at_most_two_of_eight_idle_workers_read_the_queues(con
 
     queue = Queue(QUEUES[1], connection=conn)
     for round_ in range(3):
-        woken, standby = one_enqueue(conn, fleet, queue, round_)
+        woken = one_enqueue(conn, fleet, queue, round_)
         # At most two read the queues: the watcher, and the waiter it hands the watch on to.
         assert 1 <= sum(woken.values()) <= 2, woken
         assert sum(1 for n in woken.values() if n) <= 2, woken
-        # When the token reached the deputy, one more wakes for a claim, to be the next deputy.
-        assert sum(standby.values()) <= 1, standby
     assert all(worker.proc.poll() is None for worker in fleet)
 
 
-def one_enqueue(
-    conn: redis.Redis, fleet: list[WorkerProcess], queue: Queue, tag: int
-) -> tuple[dict[int, int], dict[int, int]]:
-    """Enqueue one job into an idle fleet; the wake-ups (to read the queues, and to stand by)
-    of each worker (by pid) until the watch is held again and every wake-up the job caused is
-    logged."""
+def one_enqueue(conn: redis.Redis, fleet: list[WorkerProcess], queue: Queue, tag: int) -> dict[int, int]:
+    """Enqueue one job into an idle fleet; the wake-ups of each worker (by pid) until the
+    watch is held again and every wake-up the job caused is logged."""
     before = {worker.pid: counter(worker, 'wakeups') for worker in fleet}
-    standby = {worker.pid: counter(worker, 'standby_wakeups') for worker in fleet}
     terms = {worker.pid: counter(worker, 'watch_terms') for worker in fleet}
     first = watcher(conn, fleet)
     handoffs = counter(first, 'handoffs')
@@ -97,8 +87,8 @@ def one_enqueue(
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, what='the job done')
 
     def settled() -> bool:
-        # The watcher hands the watch on after its take, and the waiter that pops the baton
-        # logs its wake-up before it claims the watch: wait until a watcher holds it in a new
+        # The watcher's take hands the watch on, and the waiter that pops the baton logs its
+        # wake-up before its take claims the watch: wait until a watcher holds it in a new
         # term (or the first one still does, having handed nothing on).
         if conn.llen(keys.baton_key(SET_ID)) or not conn.get(keys.watch_key(SET_ID)):
             return False
@@ -108,42 +98,38 @@ def one_enqueue(
         return counter(holder, 'watch_terms') > terms[holder.pid]
 
     wait_for(settled, 30, what='the watch held again')
-    return (
-        {worker.pid: counter(worker, 'wakeups') - before[worker.pid] for worker in fleet},
-        {worker.pid: counter(worker, 'standby_wakeups') - standby[worker.pid] for worker in fleet},
-    )
+    return {worker.pid: counter(worker, 'wakeups') - before[worker.pid] for worker in fleet}
 
 
-def test_idle_waiters_sleep_while_the_watcher_and_its_deputy_keep_watch(conn, start_worker) -> None:
-    """Only two of eight idle workers send anything to the server between enqueues."""
-    fleet = start_fleet(start_worker, conn, 8, {'RQ_EPOCH_SWEEP_INTERVAL': '2'})
-    wait_for(lambda: conn.get(keys.deputy_key(SET_ID)), 30, what='a deputy')
-    wait_for(lambda: all(counter(worker, 'claims') for worker in fleet), 30, what='every worker waiting')
-    for _ in range(3):  # a window in which the places did not change (a loaded machine may delay a refresh)
-        the_watcher, the_deputy = watcher(conn, fleet), deputy(conn, fleet)
+def test_idle_waiters_take_turns_one_per_gap_and_only_the_watcher_refreshes(conn, start_worker) -> None:
+    """Between enqueues, the waiters take turns: one takes again per gap (a quarter of the sweep
+    interval), whatever their number, and only the watcher refreshes its claim."""
+    interval = 2  # the watch's TTL 1 s, a turn every 0.5 s
+    gap = interval / 4
+    fleet = start_fleet(start_worker, conn, 8, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
+    wait_for(lambda: all(counter(worker, 'empty_takes') for worker in fleet), 30, what='every worker waiting')
+    for _ in range(3):  # a window in which the watch did not change hands (a loaded machine may delay a refresh)
+        the_watcher = watcher(conn, fleet)
+        waiters = [worker for worker in fleet if worker is not the_watcher]
         before = {worker.pid: (counter(worker, 'claims'), counter(worker, 'empty_takes')) for worker in fleet}
-        # Two sweep intervals at least: the watcher claims (refreshes) and takes, the deputy
-        # claims, each several times; a waiter on the bench blocks for 30 s at a time and
-        # does neither.
+        started = time.monotonic()
+        # Two rounds of turns: every waiter takes twice.
         wait_for(
-            lambda d=the_deputy, b=before: counter(d, 'claims') >= b[d.pid][0] + 4,
-            30,
-            what='four claims of the deputy',
+            lambda b=before, w=waiters: all(counter(worker, 'empty_takes') >= b[worker.pid][1] + 2 for worker in w),
+            60,
+            what='two turns of every waiter',
         )
-        wait_for(
-            lambda w=the_watcher, b=before: counter(w, 'empty_takes') >= b[w.pid][1] + 2,
-            30,
-            what='two turns of the watcher',
-        )
-        active = {
-            worker.pid
-            for worker in fleet
-            if (counter(worker, 'claims'), counter(worker, 'empty_takes')) != before[worker.pid]
-        }
-        if (watcher(conn, fleet), deputy(conn, fleet)) == (the_watcher, the_deputy):
-            assert active == {the_watcher.pid, the_deputy.pid}
-            return
-    pytest.fail('the watch or the deputy changed hands in three windows in a row')
+        elapsed = time.monotonic() - started
+        if watcher(conn, fleet) is not the_watcher:
+            continue
+        takes = sum(counter(worker, 'empty_takes') - before[worker.pid][1] for worker in waiters)
+        # One turn per gap in all (and one under way for each waiter at the window's edges);
+        # were every waiter to take again every half interval, it would be about 2 × 7 per second.
+        assert takes <= elapsed / gap + len(waiters), (takes, elapsed)
+        assert counter(the_watcher, 'claims') > before[the_watcher.pid][0]  # its refreshes
+        assert all(counter(worker, 'claims') == before[worker.pid][0] for worker in waiters)
+        return
+    pytest.fail('the watch changed hands in three windows in a row')
 
 
 def test_idle_workers_alone_on_one_queue_leave_the_wait_about_half_as_often_as_every_interval(
@@ -180,43 +166,52 @@ def test_idle_workers_alone_on_one_queue_leave_the_wait_about_half_as_often_as_e
 def test_a_job_starts_within_a_sweep_interval_after_the_idle_watcher_is_killed(conn, start_worker) -> None:
     interval = 3
     fleet = start_fleet(start_worker, conn, 3, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
-    wait_for(lambda: conn.get(keys.deputy_key(SET_ID)), 30, what='a deputy')
     dead = watcher(conn, fleet)
     dead.kill()
     job = Queue(QUEUES[2], connection=conn).enqueue('tests.jobs.add', 1, 2)
-    # The watch expires within half an interval, and the deputy claims it within another half;
+    # The watch expires within half an interval, and a waiter takes within another half;
     # the margin covers the start of the job's work-horse on a busy machine.
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, interval + 10, what='the job done')
     # And another worker takes over the watch once the dead one's expires.
     wait_for(
-        lambda: conn.get(keys.watch_key(SET_ID)) not in (None, dead_name(conn, dead)),
+        lambda: conn.get(keys.watch_key(SET_ID)) not in (None, name_of(conn, dead)),
         2 * interval + 10,
         what='a new watcher',
     )
 
 
-def test_a_killed_deputy_is_replaced_and_the_new_one_takes_over_a_killed_watcher(conn, start_worker) -> None:
-    interval = 2
+@pytest.mark.parametrize('others', [1, 2])
+def test_a_job_starts_within_about_a_sweep_interval_after_the_watcher_and_other_idle_workers_are_killed(
+    conn, start_worker, others: int
+) -> None:
+    """The watcher and ``others`` more idle workers SIGKILLed together (perhaps the waiters
+    whose turns came next): one of those left takes the watch over within the watch's TTL
+    and one turn more than were killed (one sweep interval when one other was killed; a
+    quarter more when two were), not at the end of a long wait."""
+    interval = 4  # the watch's TTL 2 s, a turn every second
     fleet = start_fleet(start_worker, conn, 4, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})
-    wait_for(lambda: conn.get(keys.deputy_key(SET_ID)), 30, what='a deputy')
-    dead_deputy = deputy(conn, fleet)
-    dead_name_ = conn.get(keys.deputy_key(SET_ID))
-    dead_deputy.kill()
-    # The deputy's key expires (one interval), and the watcher's next refresh wakes a waiter
-    # of the bench to take the place.
-    wait_for(
-        lambda: conn.get(keys.deputy_key(SET_ID)) not in (None, dead_name_), 3 * interval + 10, what='a new deputy'
-    )
-    dead_watcher = watcher(conn, fleet)
-    dead_watcher.kill()
+    wait_for(lambda: all(counter(worker, 'empty_takes') for worker in fleet), 30, what='every worker waiting')
+    the_watcher = watcher(conn, fleet)
+    waiters = [worker for worker in fleet if worker is not the_watcher]
+    killed = [the_watcher, *waiters[:others]]
+    for worker in killed:
+        worker.proc.send_signal(signal.SIGKILL)
+    for worker in killed:
+        worker.proc.wait(10)
     job = Queue(QUEUES[0], connection=conn).enqueue('tests.jobs.add', 1, 2)
-    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, interval + 10, what='the job done')
-    assert all(worker.proc.poll() is None for worker in fleet if worker not in (dead_deputy, dead_watcher))
+    bound = interval / 2 + (others + 1) * interval / 4
+    # The margin is for a busy machine's fork of the work-horse, and far below the 30 s that
+    # waiters used to block.
+    wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, bound + 6, what='the job done')
+    left = waiters[others:]
+    assert conn.hget(keys.job_key(job.id), 'worker_name') in {name_of(conn, worker) for worker in left}
+    assert all(worker.proc.poll() is None for worker in left)
 
 
-def dead_name(conn: redis.Redis, dead: WorkerProcess) -> bytes | None:
+def name_of(conn: redis.Redis, worker: WorkerProcess) -> bytes | None:
+    """The name of a worker process (registered, even after it died)."""
     for key in conn.smembers(keys.workers_key()):
-        if int(conn.hget(key, 'pid') or 0) == dead.pid:
+        if int(conn.hget(key, 'pid') or 0) == worker.pid:
             return key.decode().rsplit(':', 1)[-1].encode()
     return None
 

@@ -52,7 +52,7 @@ __all__ = [
     'tickets_key',
     'watch_key',
     'baton_key',
-    'deputy_key',
+    'turns_key',
     'wip_key',
     'worker_executions_key',
     'worker_key',
@@ -127,9 +127,10 @@ watch_key = KeyFamily('epoch:watch')
 #: List holding at most one token: the watch handed on to the next idle worker of a set of
 #: queues, which waits for it with ``BLPOP`` (``watch.lua``). Named by :func:`queue_set_id`.
 baton_key = KeyFamily('epoch:baton')
-#: String: the token of the idle worker that stands by to take over the watch of a set of
-#: queues when its watcher dies (``watch.lua``). Named by :func:`queue_set_id`.
-deputy_key = KeyFamily('epoch:deputy')
+#: String: the server time (ms) of the last turn given to an idle worker of a set of queues
+#: that waits for the baton; the turns follow each other at a fixed gap (``_watch.lua``).
+#: Named by :func:`queue_set_id`.
+turns_key = KeyFamily('epoch:turns')
 
 
 def tickets_key() -> str:

@@ -375,39 +375,51 @@ def rescue(connection: Redis, queue: str, keys: list[str], args: list[Any]) -> S
 # -- take, watch, ticket: the idle fleet ---------------------------------------------------
 
 
+class Role(enum.IntEnum):
+    """A worker's place among the idle workers of a set of queues (``lua/_watch.lua``)."""
+
+    #: Waits for the baton: a ``BLPOP`` until its turn to take again.
+    NEITHER = 0
+    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
+    WATCHER = 2
+
+
 @dataclass(frozen=True)
 class TakeReply:
-    """What the take script moved (``lua/take.lua``)."""
+    """What the take script did (``lua/take.lua``): the job it moved, or the caller's place."""
 
     #: The position in the call's queues (0-based) of the queue the job came from; None when
     #: every queue was empty.
     index: int | None
     #: The job's id; '' when every queue was empty.
     job_id: str
+    #: When a job was moved: whether a waiter was woken to take the watch over (the caller
+    #: held the watch, or nobody did).
+    woke: bool
+    #: When every queue was empty: the caller's place now (:attr:`Role.WATCHER` when it holds
+    #: the watch). :attr:`Role.NEITHER` when a job was moved, or the call named no watch.
+    role: Role
+    #: When the caller waits for the baton: its turn to take again, server time in ms (0 otherwise).
+    turn_ms: int = 0
+    #: Seconds until that turn (0 otherwise).
+    wait: float = 0.0
 
     @classmethod
     def read(cls, raw: Sequence[Any]) -> TakeReply:
-        """Decode ``{i, job_id}`` (1-based ``i``), or ``{0}`` when nothing was taken."""
+        """Decode ``{i, job_id, woke}`` (1-based ``i``), or ``{0, '', role, turn, wait}`` when
+        nothing was taken."""
         position = int(raw[0])
         if position == 0:
-            return cls(index=None, job_id='')
-        return cls(index=position - 1, job_id=text(raw[1]))
+            _, _, role, turn, wait = raw
+            return cls(
+                index=None, job_id='', woke=False, role=Role(int(role)), turn_ms=int(turn), wait=int(wait) / 1000
+            )
+        return cls(index=position - 1, job_id=text(raw[1]), woke=int(raw[2]) == 1, role=Role.NEITHER)
 
 
-def take(connection: Redis, keys: list[str]) -> TakeReply:
-    """Run the take script (KEYS as in ``lua/take.lua``)."""
-    return TakeReply.read(scripts.take()(connection, keys, []))
-
-
-class Role(enum.IntEnum):
-    """A worker's place among the idle workers of a set of queues (``lua/watch.lua``'s reply)."""
-
-    #: Waits on the bench: a long ``BLPOP`` on the baton list.
-    NEITHER = 0
-    #: Waits for the baton with short ``BLPOP``\ s, and takes the watch over when its watcher died.
-    DEPUTY = 1
-    #: Keeps client tracking armed on the queues: an enqueue wakes it alone.
-    WATCHER = 2
+def take(connection: Redis, keys: list[str], args: list[Any]) -> TakeReply:
+    """Run the take script (KEYS and ARGV as in ``lua/take.lua``)."""
+    return TakeReply.read(scripts.take()(connection, keys, args))
 
 
 def watch(connection: Redis, keys: list[str], args: list[Any]) -> Role:
@@ -424,13 +436,21 @@ class SweepTickets:
     now_ms: int
     #: The queues the caller won: it sweeps these now, nobody else does until the next interval.
     granted: tuple[str, ...]
+    #: When the call named the caller's turns and it won nothing: its turn to ask again,
+    #: server time in ms (0 otherwise).
+    turn_ms: int = 0
+    #: Seconds until that turn (0 otherwise).
+    wait: float = 0.0
 
     @classmethod
     def read(cls, raw: Sequence[Any], queue_names: Sequence[str]) -> SweepTickets:
-        """Decode ``{now_ms, g1, ..., gn}``: one flag per queue of the call, in order."""
-        flags = [int(flag) == 1 for flag in raw[1:]]
+        """Decode ``{now_ms, g1, ..., gn}``, one flag per queue of the call, in order, and
+        ``turn, wait`` after them when the call named the caller's turns."""
+        n = len(queue_names)
+        flags = [int(flag) == 1 for flag in raw[1 : n + 1]]
         granted = tuple(name for name, flag in zip(queue_names, flags, strict=True) if flag)
-        return cls(now_ms=int(raw[0]), granted=granted)
+        turn, wait = (int(raw[n + 1]), int(raw[n + 2])) if len(raw) > n + 1 else (0, 0)
+        return cls(now_ms=int(raw[0]), granted=granted, turn_ms=turn, wait=wait / 1000)
 
 
 def ticket(connection: Redis, keys: list[str], args: list[Any], queue_names: Sequence[str]) -> SweepTickets:

@@ -194,11 +194,7 @@ class SimpleWorker(Worker, RQSimpleWorker):
     _keeper: LeaseKeeper | None = None
 
     def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
-        """Run the job in this process while a lease keeper thread keeps its lease.
-
-        The watch of the queues is handed on first (:meth:`Worker.hand_on_watch`).
-        """
-        self.hand_on_watch()
+        """Run the job in this process while a lease keeper thread keeps its lease."""
         execution = kwargs.get('execution') or (args[0] if args else None) or self.execution
         keeper = LeaseKeeper(self, job, execution) if execution is not None and execution.job_id == job.id else None
         if keeper is not None:

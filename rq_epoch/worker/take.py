@@ -21,31 +21,33 @@ included), makes the server push one invalidation message on that connection.
 Idle workers on the same queues do not all wait that way: one of them is the *watcher*
 of that set of queues (it holds ``<prefix>:epoch:watch:<set>``, with a TTL of half a sweep
 interval that it refreshes while it waits), and only the watcher keeps tracking armed.
-The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. An
-enqueue wakes the watcher alone; it takes the job, then, once the job runs, hands the
-watch on (``watch.lua``: its key deleted, one token pushed on the baton list), and the one
-waiter that pops the token claims the watch and arms tracking. An enqueue thus makes at most
-two workers read the queues (the watcher, and the waiter it hands on to), however many wait;
-when the token reaches the deputy, a third wakes for one claim, to be the next deputy.
+The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connection. The
+place goes with the take, in the same script: a take that finds no job claims the watch
+when nobody holds it, and a take that moves a job hands the watch on (its key deleted,
+one token pushed on the baton list). An enqueue wakes the watcher alone; its take moves
+the job and wakes the one waiter that pops the token, whose take claims the watch before
+it arms tracking. An enqueue thus makes at most two workers read the queues (the
+watcher, and the waiter it hands on to), however many wait.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
-sweep interval). One waiter, the *deputy* (``<prefix>:epoch:deputy:<set>``), blocks no
-longer than that TTL at a time and claims again after each wait, so it takes the watch
-over within a TTL of the key's expiry: a job enqueued right after the watcher was killed
-starts within one sweep interval. The watcher keeps the deputy's place filled (its
-refresh pushes a token when the place is empty). Every other waiter blocks for
-:attr:`Taker.bench_wait` seconds at a time (30 s): that bounds the wait when a watcher and
-its deputy die together.
+sweep interval). The waiters take turns to look: the take that leaves a worker waiting
+gives it a turn (``<prefix>:epoch:turns:<set>``), :attr:`Taker.turn_gap` after the last
+one given out (a quarter of the interval), and it blocks until then, or until a token
+comes, and takes again, which claims the watch if nobody holds it. One waiter wakes per
+gap, however many wait; a waiter keeps its turn until it comes. A job enqueued right
+after the watcher was killed starts within one sweep interval, also when the waiter
+whose turn came next was killed with it.
 
-Waiters (the deputy among them) sleep: they take nothing and sweep nothing, and go back
-to RQ's loop (which heartbeats) only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by
-default), as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
+Waiters take nothing else and sweep nothing, and go back to RQ's loop (which heartbeats)
+only when RQ's dequeue timeout has passed (the worker's TTL less 15 s, 405 s by default),
+as a stock idle worker does. The watcher goes back to RQ's loop once per sweep
 interval, so that RQ's loop heartbeats and sweeps the queues (with their sweep tickets)
 for the idle fleet. A worker alone on one queue blocks in RQ's ``BLMOVE`` (which wakes one
 worker per job) and goes back to RQ's loop once per sweep interval when it won the queue's
-sweep ticket last time, else every two intervals (so that a sweeper that died is replaced
-within two intervals: a dead worker's job is still detected within the lease and two sweep
-intervals, 40 s with the defaults). A worker that polls goes
+sweep ticket last time, else at its turn to ask for it again, which the ticket script gives
+one interval after the last turn given (one such worker wakes per interval however many
+wait, and a sweeper that died is replaced within about two intervals: a dead worker's job
+is still detected within the lease and two sweep intervals, 40 s with the defaults). A worker that polls goes
 back once per sweep interval.
 
 No server configuration is needed. A server or proxy that refuses ``CLIENT TRACKING``
@@ -56,7 +58,6 @@ by one warning.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -226,23 +227,17 @@ class TakerCounters:
     """What one worker's waiting did, counted since it started (read by tests and benchmarks)."""
 
     #: Woken to read the queues: by an invalidation (as the watcher), or by a token of the
-    #: baton list that made it the watcher.
+    #: baton list (the watch handed on).
     wakeups: int = 0
-    #: Woken by a token of the baton list that made it the deputy or nothing (one claim, no
-    #: read of the queues): when a watcher's token reached the deputy, the next deputy's wake.
-    standby_wakeups: int = 0
     #: Takes that found every queue empty.
     empty_takes: int = 0
     #: Times it became the watcher of its queues.
     watch_terms: int = 0
     #: Times it handed the watch on after taking a job.
     handoffs: int = 0
-    #: Times it became the deputy (the waiter that takes over a watcher that died).
-    deputy_terms: int = 0
     #: Blocking moves (RQ's ``BLMOVE``) of a worker alone on one queue.
     blocking_moves: int = 0
-    #: Calls of ``watch.lua``'s claim: the watcher's refreshes, the deputy's turns, a waiter's
-    #: claim after a token or a timeout.
+    #: Calls of ``watch.lua``'s claim: the watcher's refreshes (the takes claim too, uncounted here).
     claims: int = 0
 
 
@@ -259,9 +254,6 @@ class Taker:
     poll_interval: float = 0.2
     #: Wait with client tracking (False: poll every :attr:`poll_interval` seconds).
     tracking: bool = True
-    #: Longest ``BLPOP`` of a waiter that is neither the watcher nor the deputy, in seconds:
-    #: a watcher and a deputy that die together are replaced within this.
-    bench_wait: float = 30.0
 
     def __init__(
         self,
@@ -286,11 +278,15 @@ class Taker:
         self._polling = not self.tracking
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
-        #: Whether this worker won a sweep ticket at its last sweep (the worker sets it): a
-        #: worker alone on one queue then waits one sweep interval at a time, else two, so
-        #: that only the fleet's sweeper of an idle queue wakes each interval, and a sweeper
-        #: that died is replaced within two.
+        #: Whether this worker won a sweep ticket at its last ask (the worker sets it): a
+        #: worker alone on one queue then waits one sweep interval at a time, else until its
+        #: turn to ask again (:meth:`ticket_turn`), so that only the fleet's sweeper of an idle
+        #: queue wakes each interval, and one other worker per interval, however many wait.
         self.sweeping = True
+        #: The turn to ask for the sweep ticket again of a worker alone on one queue that won
+        #: none: server time in ms (0: none), and when it comes by this process's clock.
+        self.ticket_turn_ms = 0
+        self.ticket_turn_at: float | None = None
         #: The set of queues (:func:`rq_epoch.protocol.keys.queue_set_id`) this taker last claimed a
         #: place in, the place, and when (``time.monotonic()``; None: claim at the next turn).
         self._set: str | None = None
@@ -299,13 +295,23 @@ class Taker:
         #: When the current :meth:`dequeue_any` call goes back to RQ's loop because this taker
         #: watches (``time.monotonic()``; None until it watches in this call).
         self._watch_deadline: float | None = None
+        #: This taker's turn to take again while it waits for the baton: server time in ms (0:
+        #: none), kept through RQ's loop, and when it comes by this process's clock (None: no
+        #: turn to wait for, take again first).
+        self._turn_set: str | None = None
+        self._turn_ms = 0
+        self._turn_at: float | None = None
 
     # -- the take ------------------------------------------------------------------------
 
-    def take(self, queues: Sequence[Queue]) -> tuple[Queue, str] | None:
+    def take(self, queues: Sequence[Queue], *, waiting: bool = False) -> tuple[Queue, str] | None:
         """Move the first job of ``queues`` (in this order) into its intermediate list.
 
-        One script call, one round trip. Returns the queue and the job id, or None when
+        One script call, one round trip. With ``waiting`` (the worker waits for a job when
+        there is none) and unless this taker polls, the same call keeps its place among the
+        idle workers of these queues: a job taken hands the watch on to another idle worker
+        (if this one held it, or nobody did); every queue empty, this one claims the watch if
+        nobody holds it, or is given its turn. Returns the queue and the job id, or None when
         every queue is empty.
 
         Raises:
@@ -313,14 +319,31 @@ class Taker:
                 writes for now (:data:`rq_epoch.worker.failover.OUTAGE_CODES`): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
+        args: list[Any] = [len(queues)]
+        set_id = None
+        if waiting and not self._polling:
+            set_id = keys.queue_set_id(queue.key for queue in queues)
+            if self._set is not None and self._set != set_id:
+                self.hand_on()  # the worker's queues changed
+            script_keys += [keys.watch_key(set_id), keys.baton_key(set_id), keys.turns_key(set_id)]
+            kept = self._turn_ms if self._turn_set == set_id else 0
+            args += [self.name, self._ttl_ms, max(1, int(self.turn_gap * 1000)), kept]
         try:
-            reply = verbs.take(self.connection, script_keys)
+            reply = verbs.take(self.connection, script_keys, args)
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
         if reply.index is None:
             self.counters.empty_takes += 1
+            if set_id is not None:
+                self._placed(set_id, reply.role)
+                if reply.role is not Role.WATCHER:
+                    self._turn_set, self._turn_ms = set_id, reply.turn_ms
+                    self._turn_at = time.monotonic() + reply.wait
             return None
+        if self._role is Role.WATCHER and reply.woke:
+            self.counters.handoffs += 1
+        self._set, self._role, self._claimed_at = None, Role.NEITHER, None
         queue, job_id = queues[reply.index], reply.job_id
         self.taken(queue, job_id)
         return queue, job_id
@@ -363,13 +386,16 @@ class Taker:
         if len(queues) == 1 and get_version(self.connection) >= (6, 2, 0):
             # RQ moves the job into the intermediate list itself (BLMOVE), and blocks: one
             # sweep interval when this worker swept the queue last (so that RQ's loop sweeps
-            # it on time), else two (another worker sweeps it; if that one died, this one
-            # asks for the ticket within two intervals).
-            wait = self.sweep_interval if self.sweeping else 2 * self.sweep_interval
+            # it on time), else until its turn to ask for the ticket again (another worker
+            # sweeps it; if that one died, a waiter whose turn comes asks for it).
+            wait = self.sweep_interval
+            if not self.sweeping and self.ticket_turn_at is not None:
+                wait = self.ticket_turn_at - time.monotonic()
             self.counters.blocking_moves += 1
             return queue_class.dequeue_any(
                 queues,
-                None if timeout is None else max(1, min(timeout, math.ceil(wait))),
+                # (RQ types the timeout as whole seconds; BLMOVE takes decimals, and 0 would block forever)
+                None if timeout is None else max(0.01, round(min(timeout, wait), 2)),  # type: ignore[arg-type]
                 connection=connection or self.connection,
                 job_class=job_class,
                 serializer=serializer,
@@ -404,7 +430,7 @@ class Taker:
         deadline = None if timeout is None else started + timeout
         self._watch_deadline = None
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
-            found = self.take(queues)
+            found = self.take(queues, waiting=deadline is not None)
             if found is not None:
                 queue, job_id = found
                 job = self._fetch(queue, job_id, job_class, serializer)
@@ -438,14 +464,13 @@ class Taker:
     def wait(self, queue_keys: Sequence[str], seconds: float) -> bool:
         """Until one of ``queue_keys`` has a job (True), or ``seconds`` have passed (False).
 
-        The watcher of these queues (see the module's docstring) waits for an invalidation,
-        and returns False once :attr:`sweep_interval` has passed since it began to watch in
-        the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and sweeps; a
-        wake-up whose write left no job (another worker took it, or it was a write that adds
-        none) goes back to waiting after one ``EXISTS``, without a take. Any other worker
-        sleeps: it waits for the baton, at most :attr:`watch_ttl` seconds at a time as the
-        deputy and :attr:`bench_wait` seconds otherwise, then claims again, until it becomes
-        the watcher or ``seconds`` have passed.
+        The watcher of these queues (see the module's docstring) reads them (``EXISTS``, which
+        arms tracking), waits for an invalidation and returns True at one (the take follows
+        at once), or returns False once :attr:`sweep_interval` has passed since it began to
+        watch in the current :meth:`dequeue_any` call, so that RQ's loop heartbeats and
+        sweeps. Any other worker
+        sleeps: it waits for the baton until its turn (see :attr:`turn_gap`), and returns
+        True (the take that follows claims the watch if nobody holds it).
         While polling, it returns True after :attr:`poll_interval` seconds.
         """
         deadline = time.monotonic() + seconds
@@ -474,7 +499,10 @@ class Taker:
         return True
 
     def _wait_watched(self, queue_keys: Sequence[str], deadline: float) -> bool:
-        """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton."""
+        """:meth:`wait` with client tracking: as the watcher, or as a waiter for the baton.
+
+        The take that came before claimed this taker's place: the watch, when nobody held it.
+        """
         set_id = keys.queue_set_id(queue_keys)
         if self._waker is None:
             self._waker = Waker(self.connection)
@@ -482,24 +510,20 @@ class Taker:
         # not, so that taking the watch over later costs no connection in a job's path.
         self._waker.connect()
         armed = False
-        baton = False  # whether this turn follows a token popped from the baton list
         for _ in range(1_000_000):  # each turn waits until a job, a baton, a refresh or the deadline
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            role = self._claim(set_id)
-            if baton:
-                if role is Role.WATCHER:
+            if self._claim(set_id) is not Role.WATCHER:
+                turn_at, self._turn_at = self._turn_at, None
+                if turn_at is None:
+                    return True  # the watcher's refresh found the watch taken: the take gives a turn
+                if self._wait_for_baton(set_id, min(remaining, turn_at - time.monotonic())):
                     self.counters.wakeups += 1
-                else:
-                    self.counters.standby_wakeups += 1
-                baton = False
-            if role is not Role.WATCHER:
-                armed = False
-                wait = self.watch_ttl if role is Role.DEPUTY else self.bench_wait
-                baton = self._wait_for_baton(set_id, min(remaining, wait))
-                self._claimed_at = None  # a token or a timeout: claim again
-                continue
+                # A token or this waiter's turn: take again, which claims the watch if nobody
+                # holds it (the watcher handed it on, or died and its key expired).
+                self._claimed_at = None
+                return True
             if self._watch_deadline is None:
                 self._watch_deadline = time.monotonic() + self.sweep_interval
             remaining = min(remaining, self._watch_deadline - time.monotonic())
@@ -512,41 +536,65 @@ class Taker:
             assert self._claimed_at is not None
             until_refresh = self._claimed_at + self.watch_ttl / 3 - time.monotonic()
             if self._waker.wait(max(0.0, min(remaining, until_refresh))):
+                # A write to the queues: take at once (the take says whether it left a job,
+                # and hands the watch on when it did); the next wait arms tracking again.
                 self.counters.wakeups += 1
-                armed = False  # read the queues again: that says whether the write left a job
+                return True
         return False
 
-    def _claim(self, set_id: str) -> Role:
-        """This taker's place among the idle workers of ``set_id`` (``watch.lua`` claim).
+    @property
+    def turn_gap(self) -> float:
+        """Seconds between two waiters' turns to take again: half of what the sweep interval
+        leaves after the watch's TTL (a quarter of the interval, by default).
 
-        The watcher's claim is refreshed once a third of the watch's TTL has passed; any
-        other place is claimed again after each wait for the baton.
+        A watcher that dies stops refreshing its key, which expires within the TTL; the
+        waiter whose turn comes next takes within one gap after that, or, if it died with
+        the watcher, the one after it within two: a job enqueued when the watcher and one
+        more idle worker were killed starts within one sweep interval. One waiter wakes per
+        gap, however many wait.
         """
-        now = time.monotonic()
-        if (
-            self._set == set_id
-            and self._role is Role.WATCHER
-            and self._claimed_at is not None
-            and now - self._claimed_at < self.watch_ttl / 3
-        ):
-            return Role.WATCHER
-        if self._set is not None and self._set != set_id:
-            self.hand_on()  # the worker's queues changed
-        role = self._watch_script('claim', set_id)
-        self.counters.claims += 1
+        return max(0.01, (self.sweep_interval - self.watch_ttl) / 2)
+
+    def ticket_turn(self, tickets: verbs.SweepTickets) -> None:
+        """Note what this worker's ask for the sweep tickets of its one queue gave it: the
+        ticket (it sweeps, and waits one interval), or its turn to ask again."""
+        self.sweeping = bool(tickets.granted)
+        if tickets.granted or not tickets.turn_ms:
+            self.ticket_turn_at = None
+        else:
+            self.ticket_turn_ms, self.ticket_turn_at = tickets.turn_ms, time.monotonic() + tickets.wait
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.watch_ttl * 1000))
+
+    def _placed(self, set_id: str, role: Role) -> None:
+        """Note the place a take or a claim gave this taker among the idle workers of ``set_id``."""
         if role is Role.WATCHER and not (self._set == set_id and self._role is Role.WATCHER):
             self.counters.watch_terms += 1
-        if role is Role.DEPUTY and not (self._set == set_id and self._role is Role.DEPUTY):
-            self.counters.deputy_terms += 1
-        self._set, self._role, self._claimed_at = set_id, role, now
+        self._set, self._role, self._claimed_at = set_id, role, time.monotonic()
+
+    def _claim(self, set_id: str) -> Role:
+        """This taker's place among the idle workers of ``set_id``.
+
+        The last take claimed it; the watcher refreshes its claim (``watch.lua`` claim) once
+        a third of the watch's TTL has passed.
+        """
+        if self._set == set_id and self._claimed_at is not None:
+            if self._role is not Role.WATCHER or time.monotonic() - self._claimed_at < self.watch_ttl / 3:
+                return self._role
+        role = self._watch_script('claim', set_id)
+        self.counters.claims += 1
+        self._placed(set_id, role)
+        if role is not Role.WATCHER:
+            self._turn_at = None  # the next take gives it a turn
         return role
 
     def _watch_script(self, action: str, set_id: str) -> Role:
-        """Call ``watch.lua``: the caller's place (claim), or the place it left (leave)."""
-        script_keys = [keys.watch_key(set_id), keys.deputy_key(set_id), keys.baton_key(set_id)]
-        ttl_ms = max(1, int(self.watch_ttl * 1000))
+        """Call ``watch.lua``: the watcher's refresh (claim), or the place it left (leave)."""
+        script_keys = [keys.watch_key(set_id), keys.baton_key(set_id)]
         try:
-            return verbs.watch(self.connection, script_keys, [action, self.name, ttl_ms, keys.PREFIX])
+            return verbs.watch(self.connection, script_keys, [action, self.name, self._ttl_ms, keys.PREFIX])
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
@@ -563,18 +611,15 @@ class Taker:
             raise
 
     def hand_on(self) -> None:
-        """Give up this taker's place (the watch or the deputy's), and wake one waiter to take it.
+        """Give up the watch, if this taker holds it, and wake one waiter to take it.
 
-        The worker calls it once the job it took runs (after the fork of its work-horse, so
-        that the waiter it wakes does not compete with the fork for the CPU, and the take's
-        reply reaches RQ's loop without another round trip first); the taker calls it when
-        it stops. Until then a watcher that took a job still holds the watch, unarmed: a job
-        enqueued meanwhile is seen by the next watcher's first read of the queues. A failure
-        only delays the handover: the key expires by its TTL.
+        A take that moves a job does this itself, in the same script; this is for a taker
+        that stops (or waits on other queues, or polls from now on) while it holds the
+        watch. A failure only delays the handover: the key expires by its TTL.
         """
         set_id, role = self._set, self._role
         self._set, self._role, self._claimed_at = None, Role.NEITHER, None
-        if set_id is None or role is Role.NEITHER:
+        if set_id is None or role is not Role.WATCHER:
             return
         try:
             if self._watch_script('leave', set_id) is Role.WATCHER:

@@ -31,7 +31,19 @@ def ticket_min_age_ms(interval: float) -> int:
     return max(1, int(interval * 900))
 
 
-def take_tickets(connection: Redis, queue_names: Sequence[str], interval: float) -> SweepTickets:
-    """Ask for the sweep tickets of ``queue_names`` (one script call); returns the queues won."""
+def take_tickets(
+    connection: Redis, queue_names: Sequence[str], interval: float, turn: tuple[float, int] | None = None
+) -> SweepTickets:
+    """Ask for the sweep tickets of ``queue_names`` (one script call); returns the queues won.
+
+    ``turn``: for a worker alone on one queue, the gap between two turns (seconds) and the
+    turn it was given last (server ms, or 0): when it wins nothing, the reply gives it its
+    turn to ask again (see ``ticket.lua``).
+    """
     names = list(queue_names)
-    return verbs.ticket(connection, [keys.tickets_key()], [ticket_min_age_ms(interval), keys.PREFIX, *names], names)
+    script_keys, args = [keys.tickets_key()], [ticket_min_age_ms(interval), keys.PREFIX, *names]
+    if turn is not None:
+        gap, kept = turn
+        script_keys.append(keys.turns_key(keys.queue_set_id(keys.queue_key(name) for name in names)))
+        args += [max(1, int(gap * 1000)), kept]
+    return verbs.ticket(connection, script_keys, args, names)

@@ -412,12 +412,9 @@ class Worker(RQWorker):
     def monitor_work_horse(self, job: RQJob, queue: RQQueue, *args: Any) -> None:
         """Monitor the work-horse as RQ does, riding out an outage after it exited.
 
-        The job runs now: first the watch of the queues is handed on (:meth:`hand_on_watch`).
-
         When the horse died and the server is unreachable at that moment, its failure is
         recorded once the server returns (unless the job already left "started").
         """
-        self.hand_on_watch()
         try:
             super().monitor_work_horse(job, queue, *args)
         except CONNECTION_ERRORS as exc:
@@ -1002,18 +999,11 @@ class Worker(RQWorker):
         if self._taker is None:
             interval = self.epoch_settings.sweep_interval
             # The watch outlives a killed watcher by at most half an interval, and a waiter's
-            # BLPOP lasts as long: a job enqueued then starts within one interval.
+            # BLPOP lasts the other half: a job enqueued then starts within one interval.
             self._taker = self.taker_class(
                 self.connection, log=self.log, name=self.name, watch_ttl=interval / 2, sweep_interval=interval
             )
         return self._taker
-
-    def hand_on_watch(self) -> None:
-        """Once the job this worker took runs: hand the watch of its queues (or its place as the
-        deputy) on to an idle worker (:meth:`rq_epoch.worker.take.Taker.hand_on`). Called after the
-        fork of the work-horse, and before an in-process job (``SimpleWorker``)."""
-        if self._taker is not None:
-            self._taker.hand_on()
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -1040,9 +1030,20 @@ class Worker(RQWorker):
         return bool(super().should_run_maintenance_tasks) or self._sweep_due()
 
     def _sweep_due(self) -> bool:
+        """Whether this worker asks for its queues' sweep tickets now: one sweep interval after
+        its last ask when it won a ticket then; else, alone on one queue, at its turn (see
+        :meth:`rq_epoch.worker.take.Taker.ticket_turn`), and on several queues two intervals
+        after (another worker sweeps them; if that one died, this one wins within two), so
+        that idle workers and a busy fleet's workers between jobs do not all ask every interval."""
         if self._last_sweep is None:
             return True
-        return time.monotonic() - self._last_sweep >= self.epoch_settings.sweep_interval
+        interval = self.epoch_settings.sweep_interval
+        taker = self._taker
+        if taker is not None and not taker.sweeping:
+            if taker.ticket_turn_at is not None:
+                return time.monotonic() >= taker.ticket_turn_at
+            interval *= 2
+        return time.monotonic() - self._last_sweep >= interval
 
     def run_maintenance_tasks(self) -> None:
         """RQ's maintenance when it is due (with the sweep in place of its cleanup), else the sweep."""
@@ -1099,8 +1100,16 @@ class Worker(RQWorker):
         """
         self._last_sweep = time.monotonic()
         try:
-            tickets = take_tickets(self.connection, self.queue_names(), self.epoch_settings.sweep_interval)
-            self.taker.sweeping = bool(tickets.granted)
+            taker = self.taker
+            # Alone on one queue, it waits in RQ's BLMOVE, not for the watch: its turns to ask
+            # again come with the ticket, one sweep interval apart (the sweeper of an idle
+            # queue that died is replaced within about two intervals, as before the turns).
+            interval = self.epoch_settings.sweep_interval
+            alone = len(self.queues) == 1
+            tickets = take_tickets(
+                self.connection, self.queue_names(), interval, turn=(interval, taker.ticket_turn_ms) if alone else None
+            )
+            taker.ticket_turn(tickets)
             if not tickets.granted:
                 return None
             sweeper = Sweeper(

@@ -55,23 +55,26 @@ if rcall('EXISTS', job_key) == 0 then
   return {0, run_id, '0'}
 end
 
+-- The execution that held the job before, and the mark of a dead letter, in one read.
+local held = rcall('HMGET', job_key, 'lease_execution', 'stall_dead')
 if wip_key then
-  local previous = rcall('HGET', job_key, 'lease_execution')
+  local previous = held[1]
   if previous and previous ~= execution then rcall('ZREM', wip_key, job_id .. ':' .. previous) end
 end
 local now = server_now()
 if ARGV[4] then note_alive(ARGV[4], run_id, uptime, now) end
 local deadline = now + tonumber(ARGV[2])
 rcall('ZADD', leases_key, deadline, job_id)
-rcall('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
+if held[2] then
+  rcall('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution, 'stalled', 0)
+  rcall('HDEL', job_key, 'stall_dead', 'stall_epochs')
+else
+  rcall('HSET', job_key, 'lease_epoch', run_id, 'lease_execution', execution)
+end
 if limbo_key then
   local taken = rcall('LREM', intermediate_key, 1, job_id)
   rcall('HDEL', limbo_key, job_id)
   -- (The queue is scanned only when the take's entry is missing: the rare case.)
   if taken == 0 and queue_key then rcall('LREM', queue_key, 1, job_id) end
-end
-if rcall('HEXISTS', job_key, 'stall_dead') == 1 then
-  rcall('HSET', job_key, 'stalled', 0)
-  rcall('HDEL', job_key, 'stall_dead', 'stall_epochs')
 end
 return {1, run_id, tostring(deadline)}

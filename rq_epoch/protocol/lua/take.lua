@@ -1,5 +1,6 @@
 -- take: move the first job of a worker's queues, in its dequeue order, into that
--- queue's intermediate list.
+-- queue's intermediate list; and, for a worker that waits with the watch of its queues,
+-- its place among the idle workers, in the same step.
 --
 -- A worker on several queues would pop with BLPOP (RQ's choice): between the pop and
 -- the grant of a lease, the job would be in no list at all, and a worker that died (or
@@ -9,24 +10,77 @@
 -- lease after one lease length is requeued uncounted (verdict exempt). The grant removes
 -- the entry once the lease exists.
 --
+-- A worker's take and its place among the idle workers of its queues (see _watch.lua)
+-- always go together: a worker that finds no job waits next, and claims the watch when
+-- nobody holds it; a worker that takes a job leaves the watch to another idle worker.
+-- One script does both, so a job's path costs no separate call of the watch script.
+--
 -- KEYS[1..n]     the queue lists, in the worker's dequeue order (<prefix>:queue:<name>)
 -- KEYS[n+1..2n]  their intermediate lists, in the same order (<queue key>:intermediate)
+-- KEYS[2n+1]     optional: the watch key of the set of queues (<prefix>:epoch:watch:<set>)
+-- KEYS[2n+2]     optional: its baton list                    (<prefix>:epoch:baton:<set>)
+-- KEYS[2n+3]     optional: its turns                         (<prefix>:epoch:turns:<set>)
+-- ARGV[1]        n, the number of queues
+-- ARGV[2]        with the watch keys: the caller's token (its worker name)
+-- ARGV[3]        with the watch keys: TTL of the watch key and of a baton token, in ms
+-- ARGV[4]        with the watch keys: the gap between two waiters' turns, in ms
+-- ARGV[5]        with the watch keys: the turn the caller was given last (server ms), or 0
 --
--- It reads nothing but the queues it pops, and never blocks: the worker waits for a job
--- elsewhere (see rq_epoch/take.py) and calls this script when one may be there.
+-- With the watch keys: when a job is moved, the watch is handed on (hand_on_watch: a
+-- waiter is woken when the caller held the watch or nobody did); when every queue is
+-- empty, the caller claims the watch (claim_watch), and when another worker holds it,
+-- the caller is given its turn to take again (next_turn).
 --
--- Returns {i, job_id} when the job was taken from KEYS[i]; {0} when every queue was
--- empty.
+-- It reads nothing but the queues it pops (and the watch), and never blocks: the worker
+-- waits for a job elsewhere (see rq_epoch/worker/take.py) and calls this script when one
+-- may be there.
+--
+-- Returns {i, job_id, woke} when the job was taken from KEYS[i] (woke: 1 when a waiter
+-- was woken to take the watch over, else 0); {0, '', role, turn, wait} when every queue
+-- was empty (role: 2 when the caller now holds the watch, else 0; turn and wait: the
+-- caller's turn in server ms and the ms until it, 0 for the watcher or without the watch
+-- keys).
 
-local rcall = redis.call  -- read from a local, not the global table
+-- @include _epoch.lua
+-- @include _watch.lua
 
-local n = #KEYS / 2
+local n = tonumber(ARGV[1])
+local watch_key, baton_key, turns_key = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
+local token, ttl, gap, kept = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
-for i = 1, n do
-  local job_id = rcall('LPOP', KEYS[i])
-  if job_id then
-    rcall('RPUSH', KEYS[n + i], job_id)
-    return {i, job_id}
+-- The first job of the first queue that has one, as {queue key, {job_id}}: LMPOP (Redis
+-- 7, Valkey) looks at every queue in one command; a server without it (Redis 6.2) is
+-- asked one queue at a time.
+local lmpop = {'LMPOP', n}
+for i = 1, n do lmpop[i + 2] = KEYS[i] end
+lmpop[n + 3] = 'LEFT'
+local popped = rpcall(unpack(lmpop))
+if type(popped) == 'table' and popped.err then
+  if not string.find(string.lower(popped.err), 'unknown', 1, true) then return popped end  -- WRONGTYPE...
+  popped = false
+  for i = 1, n do
+    local job_id = rcall('LPOP', KEYS[i])
+    if job_id then
+      popped = {KEYS[i], {job_id}}
+      break
+    end
   end
 end
-return {0}
+
+if popped then
+  local job_id = popped[2][1]
+  for i = 1, n do
+    if KEYS[i] == popped[1] then
+      rcall('RPUSH', KEYS[n + i], job_id)
+      local woke = 0
+      if watch_key and hand_on_watch(watch_key, baton_key, token, ttl) then woke = 1 end
+      return {i, job_id, woke}
+    end
+  end
+end
+if watch_key then
+  if claim_watch(watch_key, token, ttl, nil) == WATCHER then return {0, '', WATCHER, 0, 0} end
+  local turn, wait = next_turn(turns_key, kept, gap)
+  return {0, '', NEITHER, turn, wait}
+end
+return {0, '', NEITHER, 0, 0}

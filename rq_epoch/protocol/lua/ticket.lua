@@ -22,30 +22,60 @@
 -- A last ticket later than now (the primary changed to one whose clock is behind) does
 -- not hold the queue back: a ticket is granted.
 --
+-- KEYS[2]  optional: the turns of the caller's set of queues (<prefix>:epoch:turns:<set>),
+--          for a worker alone on one queue: it waits in RQ's BLMOVE, and when it was granted
+--          nothing, it asks again at its turn (next_turn in _watch.lua), so that one such
+--          worker wakes per gap however many wait, and the sweeper of a queue that died is
+--          replaced within about an interval and a gap
+-- with KEYS[2]: ARGV[n+3] the gap between two turns in ms, ARGV[n+4] the caller's last turn
+--          (server ms) or 0
+--
 -- Returns {now_ms, g1, ..., gn}: the server time in milliseconds, then 1 for each queue
--- whose ticket the caller was granted (its "at:" field is now now_ms), else 0.
+-- whose ticket the caller was granted (its "at:" field is now now_ms), else 0; with KEYS[2],
+-- then {turn, wait}: the caller's turn (server ms) and the ms until it, both 0 when it was
+-- granted a ticket.
 
 -- @include _epoch.lua
+-- @include _watch.lua
 
-local tickets_key = KEYS[1]
+local tickets_key, turns_key = KEYS[1], KEYS[2]
 local min_age = tonumber(ARGV[1])
 local prefix = ARGV[2]
+local last_name = #ARGV
+local gap, kept
+if turns_key then
+  last_name = #ARGV - 2
+  gap, kept = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+end
 local time = rcall('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local run_id, uptime = current_epoch()
 if run_id then note_alive(prefix, run_id, uptime, now / 1000) end
 
+-- The last ticket of every queue in one read.
+local fields = {}
+for i = 3, last_name do fields[#fields + 1] = 'at:' .. ARGV[i] end
+local lasts = rcall('HMGET', tickets_key, unpack(fields))
+
 local reply = {now}
-for i = 3, #ARGV do
+local granted = false
+for i = 3, last_name do
   local name = ARGV[i]
-  local last = tonumber(rcall('HGET', tickets_key, 'at:' .. name))
+  local last = tonumber(lasts[i - 2])
   if last == nil or now - last >= min_age or last > now then
     rcall('HSET', tickets_key, 'at:' .. name, now)
     rcall('HINCRBY', tickets_key, 'count:' .. name, 1)
     reply[#reply + 1] = 1
+    granted = true
   else
     reply[#reply + 1] = 0
   end
+end
+if turns_key then
+  local turn, wait = 0, 0
+  if not granted then turn, wait = next_turn(turns_key, kept, gap) end
+  reply[#reply + 1] = turn
+  reply[#reply + 1] = wait
 end
 return reply
