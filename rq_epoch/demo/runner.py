@@ -157,6 +157,9 @@ class Demo:
                 conn.srem(keys.queues_key(), keys.queue_key(story.queue_name))
                 # The workers' sweep tickets of the run's queues (the hash goes with its last field).
                 conn.hdel(keys.tickets_key(), f'at:{story.queue_name}', f'count:{story.queue_name}')
+                # The idle workers' turns and watch on the run's queue (named by a hash of it).
+                set_id = keys.queue_set_id([keys.queue_key(story.queue_name)])
+                conn.delete(keys.turns_key(set_id), keys.watch_key(set_id), keys.baton_key(set_id))
             for raw in conn.smembers(keys.workers_key()):  # type: ignore[union-attr]
                 if self.prefix in _text(raw):
                     conn.srem(keys.workers_key(), raw)
