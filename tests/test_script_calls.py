@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import redis
 from rq.job import JobStatus
 
-from rq_epoch import Queue
+from rq_epoch import Queue, Worker
 from rq_epoch.protocol import keys, scripts
 from tests.conftest import WorkerProcess, wait_for
 
@@ -210,3 +210,23 @@ def test_with_a_watcher_and_after_a_hand_over(conn, start_worker) -> None:
         traffic = run_one(conn, QUEUES[0], fleet_settled(conn, fleet, first))
         assert traffic.scripts() == Counter({'take': 3, 'grant': 1, 'commit': 1}), (path, traffic.scripts())
         assert holder_of(conn, fleet, keys.watch_key(SET_ID)) is not first, path
+
+
+def test_a_worker_checks_the_servers_version_at_its_first_sweep_only(conn, server) -> None:
+    """The worker keeps its sweeper: the sweeps it wins after the first send no ``INFO`` of their
+    own (the version check), only the scripts' calls."""
+    worker_conn = redis.Redis.from_url(server.url)
+    worker = Worker(['versioned'], connection=worker_conn)
+    ignore = own_addresses(conn)
+
+    def won_sweep() -> Counter[str]:
+        conn.delete(keys.tickets_key())  # the queue's ticket is free again
+        with recorded(conn, ignore) as traffic:
+            assert worker.sweep() is not None
+        return traffic.by_name()
+
+    first, second = won_sweep(), won_sweep()
+    assert first['INFO'] == 1
+    assert second['INFO'] == 0
+    assert second['EVALSHA'] > 0  # the sweep ran: its ticket and its script
+    worker_conn.close()

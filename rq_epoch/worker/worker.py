@@ -1091,6 +1091,25 @@ class Worker(RQWorker):
         if self._sweep_due():
             self.sweep()
 
+    #: The sweep this worker runs on the queues whose ticket it wins (see :attr:`sweeper`).
+    sweeper_class: type[Sweeper] = Sweeper
+    _sweeper: Sweeper | None = None
+
+    @property
+    def sweeper(self) -> Sweeper:
+        """This worker's :class:`~rq_epoch.sweep.Sweeper` (made at the first sweep it wins, and
+        kept: it checks the server's version once, not at every sweep)."""
+        if self._sweeper is None:
+            self._sweeper = self.sweeper_class(
+                self.connection,
+                settings=self.epoch_settings,
+                job_class=self.job_class,
+                serializer=self.serializer,
+                exception_handlers=rq_adapter.exception_handlers(self),
+                death_penalty_class=self.death_penalty_class,
+            )
+        return self._sweeper
+
     def sweep(self) -> SweepReport | None:
         """Run the epoch-aware sweep over the queues of this worker whose ticket it wins; never raises.
 
@@ -1112,15 +1131,7 @@ class Worker(RQWorker):
             taker.ticket_turn(tickets)
             if not tickets.granted:
                 return None
-            sweeper = Sweeper(
-                self.connection,
-                settings=self.epoch_settings,
-                job_class=self.job_class,
-                serializer=self.serializer,
-                exception_handlers=rq_adapter.exception_handlers(self),
-                death_penalty_class=self.death_penalty_class,
-            )
-            report = sweeper.sweep(tickets.granted)
+            report = self.sweeper.sweep(tickets.granted)
         except CONNECTION_ERRORS as exc:
             self.log.warning('Worker %s: sweep skipped, server unreachable: %s', self.name, exc)
             return None
