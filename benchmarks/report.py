@@ -116,15 +116,42 @@ def throughput_section(doc: dict[str, Any]) -> str:
             s[side]['reads_per_job'],
             s[side]['commands_per_job'],
             s[side].get('scripts_per_job'),
+            s[side].get('worker_cpu_ms_per_job'),
+            s[side].get('page_faults_per_job'),
+            s[side].get('server_cpu_ms_per_job'),
         ]
         for side in (STOCK, EPOCH)
     ]
-    rows.append(['ratio rq-epoch / stock', s['ratio'], s['steady_ratio'], None, None, None])
+    rows.append(
+        [
+            'ratio rq-epoch / stock',
+            s['ratio'],
+            s['steady_ratio'],
+            None,
+            None,
+            None,
+            *(
+                s.get(f'{key}_ratio')
+                for key in ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
+            ),
+        ]
+    )
     headers = [f'{n:,} no-op jobs, fork per job', 'jobs/s (whole run)', 'jobs/s (first start to last end)']
     load = f'\n\nLoad average (1 min) at the end: {doc["load_average"]}.' if 'load_average' in doc else ''
     return (
         '### Worker throughput\n\n'
-        + md_table([*headers, 'requests / job', 'commands / job', 'script calls / job'], rows)
+        + md_table(
+            [
+                *headers,
+                'requests / job',
+                'commands / job',
+                'script calls / job',
+                'worker + work-horse CPU ms / job',
+                'page faults / job',
+                'server CPU ms / job',
+            ],
+            rows,
+        )
         + load
         + f'\n\nTarget ≥{s["target"]}×: {_target(s["target_met"], "").strip()}.'
     )

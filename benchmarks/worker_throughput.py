@@ -14,6 +14,12 @@ commandstats``, before and after the run, per job. A
 fenced commit is RQ's own outcome transaction carried by one script call, so it should
 show no more reads per job than stock.
 
+The worker's own cost is read from the kernel, which is much less noisy than a rate on a
+shared machine: CPU time (user + system) and minor page faults of the worker process and its
+work-horses together (``RUSAGE_CHILDREN`` of this process: the worker reaps each work-horse),
+per job; and the server's CPU per job (``INFO cpu``). A work-horse is a forked copy of the
+worker, so each page either of them writes while the other lives is copied: a fault.
+
 Only the forking workers are compared (``rq_epoch.SimpleWorker`` runs jobs in-process).
 
     python -m benchmarks.worker_throughput          # 2,000 jobs per run, 6 runs
@@ -23,6 +29,7 @@ Only the forking workers are compared (``rq_epoch.SimpleWorker`` runs jobs in-pr
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -65,6 +72,12 @@ def script_calls(conn: redis.Redis) -> int:
     return sum(int(stats.get(f'cmdstat_{name}', {}).get('calls', 0)) for name in ('evalsha', 'eval'))
 
 
+def server_cpu(conn: redis.Redis) -> float:
+    """Seconds of CPU the server used so far (``INFO cpu``: system + user)."""
+    cpu = conn.info('cpu')
+    return float(cpu['used_cpu_sys']) + float(cpu['used_cpu_user'])
+
+
 def one_run(
     conn: redis.Redis, url: str, side: str, n: int, log_dir: Path, index: int, timeout: float
 ) -> dict[str, Any]:
@@ -72,7 +85,8 @@ def one_run(
     conn.flushall()
     jobs = enqueue_jobs(conn, QUEUE, n, on_failure=False)
     log = log_dir / f'{index}-{side}.log'
-    before, before_calls = conn.info('stats'), script_calls(conn)
+    before, before_calls, before_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
+    before_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(log, 'wb') as fh:
         argv = worker_argv(url, side, [QUEUE], '--burst')
@@ -84,7 +98,9 @@ def one_run(
             proc.wait(10)
             rc = -1
     wall = time.perf_counter() - start
-    after, after_calls = conn.info('stats'), script_calls(conn)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after, after_calls, after_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
+    worker_cpu = usage.ru_utime + usage.ru_stime - before_usage.ru_utime - before_usage.ru_stime
     finished = FinishedJobRegistry(QUEUE, connection=conn).count
     steady = steady_seconds(conn, jobs.job_ids)
     return {
@@ -102,6 +118,10 @@ def one_run(
         'reads_per_job': round((after['total_reads_processed'] - before['total_reads_processed'] - 1) / n, 2),
         'commands_per_job': round((after['total_commands_processed'] - before['total_commands_processed'] - 1) / n, 2),
         'scripts_per_job': round((after_calls - before_calls) / n, 2),
+        # The worker and its work-horses; the worker process's start-up is included.
+        'worker_cpu_ms_per_job': round(worker_cpu / n * 1000, 3),
+        'page_faults_per_job': round((usage.ru_minflt - before_usage.ru_minflt) / n, 1),
+        'server_cpu_ms_per_job': round((after_cpu - before_cpu) / n * 1000, 3),
     }
 
 
@@ -116,9 +136,14 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             'reads_per_job': round(mean(r['reads_per_job'] for r in mine), 2),
             'commands_per_job': round(mean(r['commands_per_job'] for r in mine), 2),
             'scripts_per_job': round(mean(r['scripts_per_job'] for r in mine), 2),
+            'worker_cpu_ms_per_job': round(mean(r['worker_cpu_ms_per_job'] for r in mine), 3),
+            'page_faults_per_job': round(mean(r['page_faults_per_job'] for r in mine), 1),
+            'server_cpu_ms_per_job': round(mean(r['server_cpu_ms_per_job'] for r in mine), 3),
         }
     out['ratio'] = ratio(out[EPOCH]['jobs_per_second'], out[STOCK]['jobs_per_second'])
     out['steady_ratio'] = ratio(out[EPOCH]['steady_jobs_per_second'], out[STOCK]['steady_jobs_per_second'])
+    for key in ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job'):
+        out[f'{key}_ratio'] = ratio(out[EPOCH][key], out[STOCK][key])
     out['target'] = TARGET
     out['target_met'] = out['ratio'] is not None and out['ratio'] >= TARGET
     return out
@@ -138,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(one_run(conn, srv.url, side, n, Path(tmp), index, args.timeout))
             print(
                 f'  run {index + 1}: {side:<8} {runs[-1]["jobs_per_second"]:8.1f} jobs/s  '
-                f'load {os.getloadavg()[0]:.2f}  ok={runs[-1]["ok"]}',
+                f'worker CPU {runs[-1]["worker_cpu_ms_per_job"]:6.2f} ms/job  load {os.getloadavg()[0]:.2f}  '
+                f'ok={runs[-1]["ok"]}',
                 flush=True,
             )
         doc = {
