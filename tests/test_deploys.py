@@ -325,3 +325,35 @@ def test_a_job_that_ends_within_the_shutdown_timeout_keeps_its_outcome_and_is_no
     assert run.field('handed_back') == ''
     assert run.counter('handed_back') == 0
     assert Queue(QUEUE, connection=conn).get_job_ids() == []
+
+
+def test_an_unlimited_shutdown_timeout_waits_for_the_job_and_keeps_its_lease_meanwhile(
+    conn: redis.Redis, start_worker: Any, tmp_path: Path
+) -> None:
+    """``RQ_EPOCH_SHUTDOWN_TIMEOUT=unlimited``: a warm stop waits for the job as RQ does; the
+    worker keeps extending the lease for longer than a whole lease after the stop, and the job
+    ends once, on this worker, not handed back."""
+    run = Run(conn, tmp_path)
+    first = start_worker(QUEUE, env=_env('unlimited'))
+    run.wait_running(1, first)
+    first.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: 'marked the lease' in first.output(), 30, what='the stop mark')
+    assert 'waiting for it as long as it runs' in first.output(), first.output()
+    leases = keys.leases_key(QUEUE)
+    at_stop = conn.zscore(leases, run.job.id)
+    assert at_stop is not None
+    lease = 3.0  # seconds: heartbeat 1 s + lease margin 2 s (the fixture's)
+    wait_for(
+        lambda: (conn.zscore(leases, run.job.id) or 0) > at_stop + lease,
+        30,
+        what='the lease extended for more than a whole lease after the stop',
+    )
+    assert first.proc.poll() is None, first.output()
+    assert run.field('handed_back') == ''
+    run.release.write_text('go')
+    assert first.proc.wait(30) == 0, first.output()
+    assert run.field('status') == JobStatus.FINISHED.value
+    assert run.starts() == 1
+    assert len(run.job.results()) == 1
+    assert int(run.field('stalled') or 0) == 0
+    assert run.counter('handed_back') == 0
