@@ -961,13 +961,14 @@ class Worker(RQWorker):
         written again on a new primary; a refusal is reported with :meth:`outcome_refused`."""
         execution = rq_adapter.running_execution(self)
 
-        def rewrite() -> object:
-            # The same outcome again on a new primary (durability): RQ 2 let go of the execution.
+        def attempt() -> object:
+            # Sent again (after an outage, or on a new primary): RQ 2's first attempt let go of
+            # the execution, which the fence and the result name.
             if self.execution is None and execution is not None and execution.job_id == job.id:
                 self.execution = execution
             return write()
 
-        refusal = self.outcomes.write(job, what, write, time.monotonic() + self.outcome_retry_limit, rewrite, confirm)
+        refusal = self.outcomes.write(job, what, attempt, time.monotonic() + self.outcome_retry_limit, attempt, confirm)
         if refusal is not None:
             self.outcome_refused(job, what, refusal)
 
