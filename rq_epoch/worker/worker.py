@@ -1010,8 +1010,14 @@ class Worker(RQWorker):
 
         def attempt() -> object:
             # Sent again (after an outage, or on a new primary): RQ 2's first attempt let go of
-            # the execution, which the fence and the result name.
-            if self.execution is None and execution is not None and execution.job_id == job.id:
+            # the execution (its cleanup_execution clears worker.execution), which the fence and
+            # the result name. RQ 3's handlers are given it.
+            if (
+                not compat.CLEANUP_TAKES_EXECUTION
+                and execution is not None
+                and execution.job_id == job.id
+                and self.execution is None
+            ):
                 self.execution = execution
             return write()
 
