@@ -423,7 +423,10 @@ class Worker(RQWorker):
                 raise
             self.contact.lost(exc)
             held = self.holding_ready_dependents(queue)
-            kwargs: dict[str, Any] = {'queue': held or queue, 'exc_string': 'Work-horse terminated unexpectedly'}
+            kwargs: dict[str, Any] = {
+                'queue': queue if held is None else held,
+                'exc_string': 'Work-horse terminated unexpectedly',
+            }
             if args:
                 kwargs['execution'] = args[0]
             rq_failure = super().handle_job_failure  # RQ's own: this call is fenced already
@@ -915,7 +918,7 @@ class Worker(RQWorker):
             return
         rq_failure = super().handle_job_failure
         held = self.holding_ready_dependents(queue)
-        self.write_outcome(job, 'failure', lambda: rq_failure(job, held or queue, *args, **kwargs))
+        self.write_outcome(job, 'failure', lambda: rq_failure(job, queue if held is None else held, *args, **kwargs))
         self.enqueue_ready_dependents(job, queue, held)
         self.run_deferred_callback(job)
 
@@ -923,7 +926,7 @@ class Worker(RQWorker):
         """Record a success as RQ does, fenced; rides out a server outage."""
         rq_success = super().handle_job_success
         held = self.holding_ready_dependents(queue)
-        self.write_outcome(job, 'success', lambda: rq_success(job, held or queue, *args, **kwargs))
+        self.write_outcome(job, 'success', lambda: rq_success(job, queue if held is None else held, *args, **kwargs))
         self.enqueue_ready_dependents(job, queue, held)
         self.run_deferred_callback(job)
 
@@ -992,7 +995,7 @@ class Worker(RQWorker):
         Past its ``Retry.max`` RQ fails it instead, and enqueues its dependents as a failure does."""
         rq_retry = super().handle_job_retry
         held = self.holding_ready_dependents(queue)
-        self.write_outcome(job, 'retry', lambda: rq_retry(job, held or queue, *args, **kwargs))
+        self.write_outcome(job, 'retry', lambda: rq_retry(job, queue if held is None else held, *args, **kwargs))
         self.enqueue_ready_dependents(job, queue, held)
 
     def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
