@@ -1,9 +1,10 @@
 """Errors that rq-epoch raises. All of them derive from :class:`RqEpochError`.
 
-One exception is not an error and stands apart: :class:`OutcomeRefused`, the fence's
-refusal of an outcome, is a :class:`BaseException` so that RQ's ``except Exception`` blocks
-let it through (see its docstring); :class:`RqEpochError` is an :class:`Exception`, so
-nothing can derive from both.
+Two exceptions are not errors and stand apart: :class:`OutcomeRefused`, the fence's
+refusal of an outcome, and :class:`OutcomeInterrupted`, an outcome's commit cut short by a
+connection error, are :class:`BaseException` so that RQ's ``except Exception`` blocks let them
+through (see their docstrings); :class:`RqEpochError` is an :class:`Exception`, so nothing can
+derive from both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ __all__ = [
     'ConfigurationError',
     'EnqueueNotConfirmed',
     'EpochUnavailableError',
+    'OutcomeInterrupted',
     'OutcomeRefused',
     'RqEpochError',
     'ServerOutageError',
@@ -148,3 +150,23 @@ class OutcomeRefused(BaseException):
                 '(a failover or restart lost its grant): it runs again there'
             )
         return 'its lease is gone (no newer holder recorded)'
+
+
+class OutcomeInterrupted(BaseException):
+    """The connection failed while an execution's fenced commit was sent: the outcome may or may not have landed.
+
+    Raised by the fenced commit (see :mod:`rq_epoch.worker.fence`) in place of the connection
+    error (or :class:`ServerOutageError`), which is ``error`` (and ``__cause__``). RQ's failure
+    paths catch every ``Exception`` around their commit and log it as a failure to persist, so
+    a connection error there would lose the outcome (the job stays started, and a sweep counts
+    the outage as a stall). As a :class:`BaseException` it crosses those blocks, as
+    :class:`OutcomeRefused` does, and reaches :class:`rq_epoch.worker.outcomes.OutcomeWriter`,
+    which rides it out as the connection error it is and sends the outcome again: if the first
+    commit landed after all, the fence finds it written ("gone") and nothing is written twice.
+    """
+
+    def __init__(self, job_id: str, execution_id: str, error: Exception) -> None:
+        self.job_id = job_id
+        self.execution_id = execution_id
+        self.error = error
+        super().__init__(f'the commit of job {job_id} from execution {execution_id} was cut short: {error}')

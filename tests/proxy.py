@@ -9,7 +9,9 @@ those bytes, holds what it sent, and forwards it only when the test releases it.
 The take tests need the opposite: a command the server *has* applied, whose reply never
 reaches the client. Armed with :meth:`HoldingProxy.cut`, the proxy forwards the first write
 that contains the pattern, then closes that connection (both sides) when the server's
-reply arrives, instead of forwarding it.
+reply arrives, instead of forwarding it. Armed with :meth:`HoldingProxy.drop`, it closes the
+connection of the first write that contains the pattern without forwarding it: the server
+never sees that command, and the client sees its connection drop.
 
 The failover tests put it on a replica's replication link (the replica connects to the
 primary through it) and hold what the server sends with :meth:`HoldingProxy.hold_downstream`:
@@ -35,9 +37,12 @@ class HoldingProxy:
         self.port: int = self._listener.getsockname()[1]
         self._pattern: bytes | None = None
         self._cut_pattern: bytes | None = None
+        self._drop_pattern: bytes | None = None
         self._lock = threading.Lock()
         #: Set when a connection was closed in place of forwarding a reply.
         self.cut_done = threading.Event()
+        #: Set when a connection was closed in place of forwarding a write (:meth:`drop`).
+        self.drop_done = threading.Event()
         #: Set when a connection sent the pattern and its bytes are being held.
         self.held = threading.Event()
         self._released = threading.Event()
@@ -67,6 +72,13 @@ class HoldingProxy:
         with self._lock:
             self._cut_pattern = pattern
             self.cut_done.clear()
+
+    def drop(self, pattern: bytes) -> None:
+        """Close the connection of the first client write that contains ``pattern`` (once),
+        without forwarding that write: the command never reaches the server."""
+        with self._lock:
+            self._drop_pattern = pattern
+            self.drop_done.clear()
 
     def hold_downstream(self) -> None:
         """From now on, forward nothing the server sends, on any connection, until
@@ -125,6 +137,14 @@ class HoldingProxy:
             self._cut_pattern = None  # cut once
         return True
 
+    def _drops(self, tail: bytes, chunk: bytes) -> bool:
+        with self._lock:
+            pattern = self._drop_pattern
+            if pattern is None or pattern not in tail + chunk:
+                return False
+            self._drop_pattern = None  # drop once
+        return True
+
     def _client_to_server(self, client: socket.socket, upstream: socket.socket, cut_reply: threading.Event) -> None:
         tail = b''
         try:
@@ -132,6 +152,9 @@ class HoldingProxy:
                 chunk = client.recv(65536)
                 if not chunk:
                     break
+                if self._drops(tail, chunk):
+                    self.drop_done.set()
+                    break  # not forwarded: both sides are closed below
                 if self._cuts(tail, chunk):
                     cut_reply.set()  # before the server can answer
                 if self._matches(tail, chunk):

@@ -263,6 +263,24 @@ def test_a_job_fetched_as_rqs_changes_class_in_place_and_keeps_its_data(conn) ->
     assert job.perform() == 3
 
 
+def test_a_queue_copied_as_a_subclass_is_the_same_queue_and_leaves_the_original_as_it_was(conn) -> None:
+    class Marked(rq.Queue):
+        marked = True
+
+    queue = rq.Queue('copied', connection=conn, serializer=JSONSerializer, default_timeout=77)
+    copied = rq_adapter.queue_copy_as(queue, Marked)
+    assert type(copied) is Marked and type(queue) is rq.Queue and copied is not queue
+    assert (copied.name, copied.key, copied.connection, copied.job_class) == (
+        queue.name,
+        queue.key,
+        queue.connection,
+        queue.job_class,
+    )
+    assert copied.serializer is queue.serializer
+    job = copied.enqueue('tests.jobs.add', 1, 2)
+    assert queue.job_ids == [job.id] and job.timeout == 77
+
+
 def test_dependency_ids_are_those_the_job_was_made_and_fetched_with(conn) -> None:
     queue = rq.Queue('default', connection=conn)
     first, second = queue.enqueue('tests.jobs.add', 1, 2), queue.enqueue('tests.jobs.add', 3, 4)

@@ -15,8 +15,9 @@ import pytest
 import redis
 from rq import Callback
 
-from rq_epoch import EnqueueNotConfirmed, Job, Queue
+from rq_epoch import EnqueueNotConfirmed, Job, Queue, compat
 from rq_epoch.embedded import EmbeddedServer
+from rq_epoch.protocol import keys
 from rq_epoch.protocol.durable import Durability
 from tests.conftest import ROOT, SERVER_KINDS, WorkerProcess, wait_for
 from tests.proxy import HoldingProxy
@@ -287,3 +288,74 @@ def test_a_grant_lost_before_a_replica_confirmed_it_is_not_worked_on(
     finally:
         if proc.poll() is None:
             worker.kill()
+
+
+def _durable_worker(pair: Pair, tmp_path: Path, name: str, queue: str, *args: str) -> WorkerProcess:
+    """A real ``rq worker`` (rq-epoch's class) with ``RQ_EPOCH_DURABLE_REPLICAS=1`` on the pair's primary."""
+    env = {
+        **os.environ,
+        'PYTHONPATH': str(ROOT),
+        'RQ_EPOCH_DURABLE_REPLICAS': '1',
+        'RQ_EPOCH_DURABLE_TIMEOUT': '200',
+    }
+    log = tmp_path / f'{name}.log'
+    argv = [sys.executable, '-m', 'rq.cli', 'worker', *args, '-u', pair.primary.url, '-w', 'rq_epoch.Worker', queue]
+    with open(log, 'wb') as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    return WorkerProcess(proc, log)
+
+
+def test_a_dependent_starts_only_once_replicas_confirmed_its_parents_outcome(pair: Pair, tmp_path: Path) -> None:
+    """Durable workers: the parent's outcome lands on the primary while the replication link is
+    held, and a worker waits idle on the dependent's queue. RQ 3 moves the dependent to its
+    ReadyJobRegistry in the outcome's transaction and pushes it onto its queue afterwards: the
+    worker holds that push back until the outcome is confirmed. RQ 2 enqueues the dependent in
+    the outcome's transaction itself: the other worker takes it, and its grant waits for a
+    replica, which can confirm it only once it has everything before it, the parent's outcome
+    included. Either way the dependent does not start while the outcome is unconfirmed; once
+    the link is released, it runs once."""
+    client, replica = pair.primary.client(), pair.replica.client()
+    path, release, marker = tmp_path / 'parent.log', tmp_path / 'release', tmp_path / 'child.log'
+    parent = Queue('parents', connection=client).enqueue(
+        'tests.jobs.wait_for_file_then_record', str(path), 'parent', str(release)
+    )
+    child = Queue('children', connection=client).enqueue('tests.jobs.record', str(marker), 'child', depends_on=parent)
+    assert child.get_status() == 'deferred'
+    parents = _durable_worker(pair, tmp_path, 'parents', 'parents', '--burst')
+    children = _durable_worker(pair, tmp_path, 'children', 'children')
+    try:
+        wait_for(path.exists, 60, what='the parent running (its grant confirmed)')
+        wait_for(lambda: '*** Listening on children' in children.output(), 60, what='the dependent queue worker idle')
+        pair.proxy.hold_downstream()
+        release.touch()
+        wait_for(
+            lambda: f'no replica confirmed the success of job {parent.id}' in parents.output(),
+            60,
+            what="the parent's outcome waiting for its confirmation",
+        )
+        assert client.hget(parent.key, 'status') == b'finished'  # on the primary ...
+        assert replica.hget(parent.key, 'status') == b'started'  # ... and unconfirmed: the replica lacks it
+        if compat.READY_TO_ENQUEUE is not None:  # RQ 3: moved to ready by the outcome, not pushed
+            from rq.registry import ReadyJobRegistry  # type: ignore[attr-defined]  # RQ 3 only
+
+            assert client.hget(child.key, 'status') == compat.READY_TO_ENQUEUE.encode()
+            assert client.zscore(ReadyJobRegistry('children', connection=client).key, child.id) is not None
+            assert client.lpos(Queue('children', connection=client).key, child.id) is None
+            assert client.lpos(keys.intermediate_key('children'), child.id) is None
+        else:  # RQ 2: enqueued by the outcome's transaction; taken, and its grant waits for a replica
+            wait_for(
+                lambda: f'no replica confirmed the grant of job {child.id}' in children.output(),
+                60,
+                what="the dependent's grant waiting for its confirmation",
+            )
+        assert client.hget(child.key, 'status') != b'started' and not marker.exists(), children.output()
+        pair.proxy.release_downstream()
+        wait_for(lambda: client.hget(child.key, 'status') == b'finished', 60, what='the dependent finished')
+        assert marker.read_text().split()[0] == 'child' and len(marker.read_text().splitlines()) == 1
+        assert f'the success of job {parent.id} is confirmed' in parents.output(), parents.output()
+        assert replica.hget(parent.key, 'status') == b'finished'
+        parents.proc.wait(60)
+    finally:
+        for worker in (parents, children):
+            if worker.proc.poll() is None:
+                worker.kill()

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rq import Retry
 
 from rq_epoch import Job, Queue, Sweeper
 from rq_epoch.protocol import keys
@@ -211,3 +212,41 @@ def test_with_durability_an_outcome_the_failover_lost_is_written_again_on_the_ne
     wait_for(lambda: client.hget(job.key, 'status') == b'finished', 15, what='the outcome on the demoted primary')
     assert len(Job.fetch(job.id, connection=client).results()) == 1
     assert executions(log, 'o') == (1, 1) and worker.proc.poll() is None
+
+
+def test_with_durability_a_failure_written_again_on_the_new_primary_spends_one_retry(
+    held_link: HeldLink, tmp_path: Path
+) -> None:
+    """A job enqueued with ``Retry(max=3)`` fails; its failure (one retry spent, the job requeued)
+    is acknowledged by the old primary only. The work-horse writes it again on the new primary,
+    from the job as it was before the first write: one retry spent in all, not one per write."""
+    topology, f = held_link.topology, held_link.fleet
+    old = topology.current_primary()
+    client, replica = old.client(), topology.replica.client()
+    queue = Queue('retry', connection=client)
+    log, release = tmp_path / 'log', tmp_path / 'release'
+    # The first run fails once released; the next one (release there) returns at once.
+    job = queue.enqueue('tests.jobs.gated', str(log), 'f', str(release), 'raise', retry=Retry(max=3))
+    worker = f.worker('retry', env=DURABLE)
+    wait_for(lambda: log.exists(), 30, what='the first run under way')
+    execution = client.hget(job.key, 'lease_execution')
+    wait_for(lambda: replica.hget(job.key, 'lease_execution') == execution, 15, what='the grant on the replica')
+    held_link.proxy.hold_downstream()
+    release.touch()
+    wait_for(lambda: client.hget(job.key, 'retries_left') == b'2', 30, what='the failure on the old primary')
+    wait_for(lambda: 'no replica confirmed the failure of job' in worker.output(), 30, what='the failure unconfirmed')
+    assert replica.hget(job.key, 'status') == b'started' and replica.hget(job.key, 'retries_left') == b'3'
+    _, new = topology.failover()
+    new_client = new.client()
+    wait_for(lambda: new_client.hget(job.key, 'status') == b'finished', 90, what='the job finished on its retry')
+    out = worker.output()
+    assert 'writing it again there' in out, out
+    done = Job.fetch(job.id, connection=new_client)
+    assert done.retries_left == 2, out  # one retry spent, though the failure was written twice
+    assert log.read_text().count('start f') == 2  # the failed run and its one retry
+    assert len(done.results()) == 1 and done.latest_result().type.name == 'SUCCESSFUL'
+    assert (done.stale_outcomes, done.stalled, done.exempt_recoveries) == (0, 0, 0)
+    topology.wait_demoted(old, 60)
+    wait_for(lambda: client.hget(job.key, 'status') == b'finished', 15, what='the outcome on the demoted primary')
+    assert Job.fetch(job.id, connection=client).retries_left == 2
+    assert worker.proc.poll() is None

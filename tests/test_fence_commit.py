@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rq_epoch import Fence, Job, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError
+from rq_epoch import Fence, Job, OutcomeInterrupted, OutcomeRefused, PrimaryWatch, Queue, ServerOutageError
 from rq_epoch.protocol import keys, scripts, verbs
 from rq_epoch.worker.fence import arm
 from tests.leases import execution_of, start_job
@@ -256,9 +256,10 @@ def test_a_commit_the_server_refuses_for_want_of_replicas_is_an_outage_and_lands
 ) -> None:
     """``min-replicas-to-write`` unmet: the server runs the commit script but refuses its writes.
 
-    That must reach the worker as an outage (:class:`ServerOutageError`, which it rides out by
-    sending the commit again), not as a failure of the job; nothing of the outcome lands, and
-    the commit sent again once the server takes writes lands once.
+    That must reach the worker as an outage (:class:`ServerOutageError`, carried by
+    :class:`OutcomeInterrupted` across RQ's ``except Exception`` blocks; the worker rides it
+    out by sending the commit again), not as a failure of the job; nothing of the outcome
+    lands, and the commit sent again once the server takes writes lands once.
     """
     conn = redis.Redis(host='127.0.0.1', port=server.port)  # the fixture emptied the server
     PrimaryWatch(conn, interval=1).install()  # as the worker's connection has it
@@ -266,10 +267,12 @@ def test_a_commit_the_server_refuses_for_want_of_replicas_is_an_outage_and_lands
     fence = _fence(job)
     conn.config_set('min-replicas-to-write', 1)  # no replica: every write is refused (NOREPLICAS)
     try:
-        with pytest.raises(ServerOutageError) as outage:
+        with pytest.raises(OutcomeInterrupted) as interrupted:
             _outcome(conn, fence, with_script=with_script, dependents=dependents)
-        assert isinstance(outage.value, redis.exceptions.ConnectionError)
-        assert 'NOREPLICAS' in str(outage.value)
+        outage = interrupted.value.error
+        assert isinstance(outage, ServerOutageError) and interrupted.value.__cause__ is outage
+        assert isinstance(outage, redis.exceptions.ConnectionError)
+        assert 'NOREPLICAS' in str(outage)
     finally:
         conn.config_set('min-replicas-to-write', 0)
     assert conn.hget(job.key, 'status') == b'started'

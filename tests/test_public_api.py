@@ -20,7 +20,7 @@ from rq.exceptions import AbandonedJobError
 
 import rq_epoch
 import rq_epoch.errors
-from rq_epoch import OutcomeRefused, RqEpochError
+from rq_epoch import OutcomeInterrupted, OutcomeRefused, RqEpochError
 from tests.conftest import ROOT
 
 API_PAGE = ROOT / 'docs' / 'python-api.md'
@@ -64,10 +64,11 @@ def test_the_walk_finds_the_exported_errors_and_those_of_submodules() -> None:
 
 @pytest.mark.parametrize('name', sorted(exception_classes()))
 def test_every_error_derives_from_rq_epoch_error(name: str) -> None:
-    """Each of the package's exceptions is an RqEpochError, except OutcomeRefused: a BaseException
-    that must cross ``except Exception`` blocks (RqEpochError is an Exception, so it cannot be both)."""
+    """Each of the package's exceptions is an RqEpochError, except OutcomeRefused and
+    OutcomeInterrupted: BaseExceptions that must cross ``except Exception`` blocks (RqEpochError
+    is an Exception, so they cannot be both)."""
     cls = exception_classes()[name]
-    if cls is OutcomeRefused:
+    if cls in (OutcomeRefused, OutcomeInterrupted):
         assert not issubclass(cls, Exception)
         return
     assert issubclass(cls, RqEpochError), f'{name} does not derive from rq_epoch.RqEpochError'

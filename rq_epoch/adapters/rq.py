@@ -8,6 +8,7 @@ a private part is here (:func:`record_job_failure`).
 
 from __future__ import annotations
 
+import copy
 import signal
 from collections.abc import Callable, Sequence
 from types import CodeType
@@ -35,6 +36,7 @@ __all__ = [
     'push_job',
     'push_rate_limited_job',
     'queue_class_dequeuing_with',
+    'queue_copy_as',
     'raised_before_job_function',
     'record_job_failure',
     'scheduler_process',
@@ -157,6 +159,19 @@ def queue_class_dequeuing_with(queue_class: type[Q], dequeue_any: Callable[..., 
             'dequeue_any': classmethod(dequeue_any),
         },
     )
+
+
+def queue_copy_as(queue: Queue, cls: type[Q]) -> Q:
+    """A shallow copy of ``queue`` made an instance of ``cls`` (which derives from the queue's class).
+
+    An RQ queue keeps its state (name, key, connection, job class, serializer, ...) in its
+    instance dictionary and has no ``__slots__``, so the copy is the same queue to RQ; what
+    ``cls`` adds must be set on the copy, since its ``__init__`` does not run. ``queue``
+    itself is left as it was.
+    """
+    made = copy.copy(queue)
+    made.__class__ = cls
+    return made  # type: ignore[return-value]
 
 
 # -- workers ----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""RQ's Queue that can give each job its own stall budget, and confirm enqueues with replicas."""
+"""RQ's Queue that can give each job its own stall budget, and confirm enqueues with replicas;
+and the stand-in queue through which a durable worker holds back RQ 3's push of dependents."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ from typing import Any
 
 from rq.queue import Queue as RQQueue
 
+from ..adapters import rq as rq_adapter
 from ..errors import EnqueueNotConfirmed
 from ..protocol.durable import Durability
 from ..settings import EpochSettings
 from .job import Job
 from .jobclass import epoch_job_class
 
-__all__ = ['Queue']
+__all__ = ['HoldsReadyDependents', 'Queue', 'holding_ready_dependents']
 
 
 class Queue(RQQueue):
@@ -110,3 +112,52 @@ class Queue(RQQueue):
         if max_stalled is not None:
             job.max_stalled = max_stalled
         return job
+
+
+class HoldsReadyDependents:
+    """A queue whose push of ready dependents is held back, for the worker to do it later.
+
+    RQ 3 records a job's outcome in two steps: the outcome's transaction moves the dependents
+    that may run now into their ReadyJobRegistry, then ``enqueue_ready_jobs_by_queue`` pushes
+    them onto their queues (``Queue.enqueue_dependents`` does the same after a failure). Here
+    that second step only keeps their ids, by queue name, in :attr:`held_ready`; nothing is
+    pushed. A durable worker (``RQ_EPOCH_DURABLE_REPLICAS``) hands RQ's outcome handlers such a
+    queue (:func:`holding_ready_dependents`) and pushes what it kept once replicas confirmed the
+    outcome (``rq_epoch.Worker.enqueue_ready_dependents``). A dependent left in its registry is
+    pushed by RQ's ``ReadyJobRegistry`` cleanup (the workers' maintenance), as in RQ.
+    """
+
+    #: Ids of the dependents made ready by the outcomes recorded through this queue, by queue name.
+    held_ready: dict[str, list[str]]
+
+    def enqueue_ready_jobs_by_queue(self, job_ids_by_queue_name: dict[str, list[str]]) -> None:
+        """Keep the ids in :attr:`held_ready` instead of pushing the jobs onto their queues."""
+        for name, ids in job_ids_by_queue_name.items():
+            kept = self.held_ready.setdefault(name, [])
+            kept.extend(job_id for job_id in ids if job_id not in kept)
+
+
+_holding_classes: dict[type, type] = {}
+_holding_lock = threading.Lock()
+
+
+def holding_ready_dependents(queue: RQQueue) -> HoldsReadyDependents:
+    """A copy of ``queue`` that holds back the push of ready dependents (:class:`HoldsReadyDependents`).
+
+    Its class derives from the queue's own (``HoldsReadyDependents + type(queue)``, made once
+    per class, with the same name and module), so it is the same queue in every other way;
+    ``queue`` itself is left as it was.
+    """
+    cls = type(queue)
+    with _holding_lock:
+        holding = _holding_classes.get(cls)
+        if holding is None:
+            holding = type(
+                cls.__name__,
+                (HoldsReadyDependents, cls),
+                {'__module__': cls.__module__, '__qualname__': cls.__qualname__, '__doc__': cls.__doc__},
+            )
+            _holding_classes[cls] = holding
+    held: HoldsReadyDependents = rq_adapter.queue_copy_as(queue, holding)
+    held.held_ready = {}
+    return held

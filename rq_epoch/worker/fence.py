@@ -29,6 +29,10 @@ A transaction that already carries a script call cannot be nested inside another
 and a script cannot call a command with more arguments than Lua's stack holds; such a
 commit (rare: a unique or rate-limited re-enqueue, a job with thousands of dependents) is
 fenced by WATCHing the job hash instead, which every change of lease holder writes.
+
+A connection error (or an outage answer) while the commit is sent is raised as
+:class:`~rq_epoch.errors.OutcomeInterrupted`, which RQ's ``except Exception`` blocks around
+their commits let through to the worker's outcome writer, which sends the outcome again.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from ..adapters import redis_py
 from ..compat import text
-from ..errors import OutcomeRefused, ServerOutageError
+from ..errors import CONNECTION_ERRORS, OutcomeInterrupted, OutcomeRefused, ServerOutageError
 from ..protocol import keys, scripts, verbs
 from .failover import is_outage
 
@@ -122,11 +126,14 @@ class _FencedExecute(redis_py.ExecuteHandler):
         if armed is None:
             return transaction.execute(raise_on_error)
         commands = transaction.commands
-        if transaction.has_scripts or any(
-            len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in commands
-        ):
-            return _commit_watched(transaction, commands, armed, raise_on_error)
-        return _commit_scripted(transaction, commands, armed, raise_on_error)
+        try:
+            if transaction.has_scripts or any(
+                len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in commands
+            ):
+                return _commit_watched(transaction, commands, armed, raise_on_error)
+            return _commit_scripted(transaction, commands, armed, raise_on_error)
+        except CONNECTION_ERRORS as exc:
+            raise OutcomeInterrupted(armed.job_id, armed.execution_id, exc) from exc
 
 
 def _name(args: tuple[Any, ...]) -> str:

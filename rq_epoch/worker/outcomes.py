@@ -7,10 +7,16 @@ and written again after a server outage, with backoff, until it lands or the fen
 With ``RQ_EPOCH_DURABLE_REPLICAS`` an outcome that landed is confirmed by replicas too; one that
 no replica confirmed is kept, and written again through the same fence on the new primary when
 the primary moves (see :meth:`OutcomeWriter.confirm`).
+
+Every attempt at an outcome starts from the job as it was before the first one: RQ's outcome
+paths spend the job's counters in memory before they commit (see :data:`SPENT_BY_AN_OUTCOME`),
+so an outcome sent again after an outage, or written again on a new primary, would otherwise
+spend one more retry (or repeat) each time.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -18,16 +24,35 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rq.job import Job as RQJob
 
-from ..errors import CONNECTION_ERRORS, OutcomeRefused
+from ..errors import CONNECTION_ERRORS, OutcomeInterrupted, OutcomeRefused
 from ..jobs.jobclass import adopt
 from ..protocol.durable import Durability
 
 if TYPE_CHECKING:
     from redis import Redis
 
-__all__ = ['OutcomeWriter', 'with_backoff']
+__all__ = ['SPENT_BY_AN_OUTCOME', 'OutcomeWriter', 'with_backoff']
 
 T = TypeVar('T')
+
+#: The fields of a job that RQ's outcome paths change in memory before they commit them:
+#: ``Job.retry`` spends one of ``retries_left`` (a job enqueued with ``retry=Retry(...)`` that
+#: failed), ``Job._handle_retry_result`` adds one to ``number_of_retries`` (a job that returned
+#: ``rq.Retry``), ``Repeat.schedule`` spends one of ``repeats_left`` and moves on in
+#: ``repeat_intervals``. :meth:`OutcomeWriter.write` puts them back before every attempt.
+SPENT_BY_AN_OUTCOME = ('retries_left', 'number_of_retries', 'repeats_left', 'repeat_intervals')
+
+
+def _from_the_start(job: RQJob, call: Callable[[], T]) -> Callable[[], T]:
+    """``call``, each time from the job's :data:`SPENT_BY_AN_OUTCOME` as they are now."""
+    before = {name: copy.copy(getattr(job, name)) for name in SPENT_BY_AN_OUTCOME if hasattr(job, name)}
+
+    def attempt() -> T:
+        for name, value in before.items():
+            setattr(job, name, copy.copy(value))
+        return call()
+
+    return attempt
 
 
 class OutcomeWriter:
@@ -75,6 +100,10 @@ class OutcomeWriter:
         """Run ``write`` (RQ's recording of the ``what`` of ``job``), fenced, riding out an outage
         until the monotonic time ``give_up``.
 
+        Every attempt, here and in :meth:`confirm`, starts from the job's counters as they were
+        before the first one (:data:`SPENT_BY_AN_OUTCOME`): a retry is spent once, however
+        many times the outcome is sent.
+
         Returns the fence's refusal, for the worker to report, or None once the outcome
         landed. On a connection error it waits with exponential backoff and tries again; a
         first attempt that landed after all makes the next one find the lease gone ("gone"),
@@ -87,6 +116,8 @@ class OutcomeWriter:
             redis.exceptions.ConnectionError: the server did not come back before ``give_up``.
         """
         adopt(job)
+        write = _from_the_start(job, write)
+        rewrite = write if rewrite is None else _from_the_start(job, rewrite)
         failures = 0
 
         def unreachable(exc: Exception, attempt: int) -> None:
@@ -107,7 +138,7 @@ class OutcomeWriter:
         except OutcomeRefused as refusal:
             if failures and refusal.reason == 'gone':
                 self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-                return self.confirm(job, what, rewrite or write, give_up) if confirm else None
+                return self.confirm(job, what, rewrite, give_up) if confirm else None
             return refusal
         if failures:
             self.log.warning(
@@ -117,7 +148,7 @@ class OutcomeWriter:
                 job.id,
                 failures + 1,
             )
-        return self.confirm(job, what, rewrite or write, give_up) if confirm else None
+        return self.confirm(job, what, rewrite, give_up) if confirm else None
 
     def confirm(self, job: RQJob, what: str, write: Callable[[], object], give_up: float) -> OutcomeRefused | None:
         """Wait until replicas confirm the ``what`` of ``job`` that just landed; None once they do.
@@ -214,17 +245,23 @@ def with_backoff(
     """Return ``call()``, tried again on a connection error until the monotonic time ``give_up``.
 
     Waits 0.1 s after the first failure, doubling up to ``max_delay``. ``on_error`` is told
-    each failure and its attempt number (from 0). The last connection error is raised when
-    the next wait would end past ``give_up``; any other exception is raised at once.
+    each failure and its attempt number (from 0). An outcome's commit cut short
+    (:class:`~rq_epoch.errors.OutcomeInterrupted`) counts as the connection error it carries.
+    The last connection error is raised when the next wait would end past ``give_up``; any
+    other exception is raised at once.
     """
     delay, attempt = 0.1, 0
     while True:
+        error: Exception
         try:
             return call()
         except CONNECTION_ERRORS as exc:
-            if on_error is not None:
-                on_error(exc, attempt)
-            if time.monotonic() + delay > give_up:
-                raise
-            time.sleep(delay)
-            delay, attempt = min(delay * 2, max_delay), attempt + 1
+            error = exc
+        except OutcomeInterrupted as interrupted:
+            error = interrupted.error
+        if on_error is not None:
+            on_error(error, attempt)
+        if time.monotonic() + delay > give_up:
+            raise error
+        time.sleep(delay)
+        delay, attempt = min(delay * 2, max_delay), attempt + 1

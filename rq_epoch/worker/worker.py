@@ -42,6 +42,7 @@ from ..adapters import rq as rq_adapter
 from ..errors import CONNECTION_ERRORS, OutcomeRefused, RqEpochError
 from ..jobs.job import EpochJobMixin, Job
 from ..jobs.jobclass import adopt, resolve_job_class
+from ..jobs.queue import HoldsReadyDependents, holding_ready_dependents
 from ..protocol import keys, scripts, verbs
 from ..protocol.durable import Durability
 from ..protocol.report import SweepReport
@@ -421,11 +422,16 @@ class Worker(RQWorker):
             if self.horse_pid:
                 raise
             self.contact.lost(exc)
-            kwargs: dict[str, Any] = {'queue': queue, 'exc_string': 'Work-horse terminated unexpectedly'}
+            held = self.holding_ready_dependents(queue)
+            kwargs: dict[str, Any] = {
+                'queue': queue if held is None else held,
+                'exc_string': 'Work-horse terminated unexpectedly',
+            }
             if args:
                 kwargs['execution'] = args[0]
             rq_failure = super().handle_job_failure  # RQ's own: this call is fenced already
             self.write_outcome(job, 'failure', lambda: None if self.outcomes.landed(job) else rq_failure(job, **kwargs))
+            self.enqueue_ready_dependents(job, queue, held)
 
     # -- stopping: a deploy costs the running job nothing -------------------------------
 
@@ -897,7 +903,7 @@ class Worker(RQWorker):
             redis_py.note(pipeline, 'execution', execution)
             arm(pipeline, Fence(job.origin, job.id, execution.id))
 
-    def handle_job_failure(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
+    def handle_job_failure(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> None:
         """Fail (or retry, or stop) a job as RQ does, fenced; rides out a server outage.
 
         A job whose lease this worker saw a sweep take is not failed at all: it is not ours.
@@ -911,14 +917,54 @@ class Worker(RQWorker):
             self.log.info('Worker %s: not failing job %s, handed back to its queue', self.name, job.id)
             return
         rq_failure = super().handle_job_failure
-        self.write_outcome(job, 'failure', lambda: rq_failure(job, *args, **kwargs))
+        held = self.holding_ready_dependents(queue)
+        self.write_outcome(job, 'failure', lambda: rq_failure(job, queue if held is None else held, *args, **kwargs))
+        self.enqueue_ready_dependents(job, queue, held)
         self.run_deferred_callback(job)
 
-    def handle_job_success(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
+    def handle_job_success(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> None:
         """Record a success as RQ does, fenced; rides out a server outage."""
         rq_success = super().handle_job_success
-        self.write_outcome(job, 'success', lambda: rq_success(job, *args, **kwargs))
+        held = self.holding_ready_dependents(queue)
+        self.write_outcome(job, 'success', lambda: rq_success(job, queue if held is None else held, *args, **kwargs))
+        self.enqueue_ready_dependents(job, queue, held)
         self.run_deferred_callback(job)
+
+    def holding_ready_dependents(self, queue: RQQueue) -> RQQueue | None:
+        """With ``RQ_EPOCH_DURABLE_REPLICAS`` on RQ 3: a copy of ``queue`` for RQ's outcome
+        handlers, which holds back their push of the dependents the outcome made ready
+        (:class:`rq_epoch.jobs.queue.HoldsReadyDependents`); None otherwise.
+
+        RQ 3 pushes them onto their queues right after the outcome's transaction, before its
+        confirmation; :meth:`enqueue_ready_dependents` pushes them once it is confirmed. On RQ 2
+        the dependents are enqueued by the outcome's transaction itself: a durable worker's
+        grant of one is confirmed only once a replica has everything written before it, the
+        parent's outcome included.
+        """
+        if not self.durability.enabled or compat.READY_TO_ENQUEUE is None:
+            return None
+        return cast('RQQueue', holding_ready_dependents(queue))
+
+    def enqueue_ready_dependents(self, job: RQJob, queue: RQQueue, held: RQQueue | None) -> None:
+        """Push onto their queues the dependents of ``job`` that ``held`` (see
+        :meth:`holding_ready_dependents`) kept back, now that the outcome that made them ready is
+        written and confirmed (RQ 3's ``Queue.enqueue_ready_jobs_by_queue``, which logs a queue it
+        could not push to and leaves its dependents to RQ's ``ReadyJobRegistry`` cleanup).
+
+        Not at all when the fence refused the outcome: the dependents it moved to their
+        ReadyJobRegistry (on a primary since replaced) are not this execution's to push. Override
+        it to push them elsewhere or later; a dependent left in its ReadyJobRegistry is pushed by
+        the cleanup of that registry in RQ's maintenance.
+        """
+        ready = cast(HoldsReadyDependents, held).held_ready if held is not None else {}
+        if not ready:
+            return
+        if isinstance(job, EpochJobMixin) and job.outcome_refused:
+            self.log.info(
+                'Worker %s: not enqueueing the dependents of job %s: its outcome was refused', self.name, job.id
+            )
+            return
+        queue.enqueue_ready_jobs_by_queue(ready)  # type: ignore[attr-defined]  # RQ 3 (RQ 2 holds nothing)
 
     def run_deferred_callback(self, job: RQJob) -> None:
         """Run the job's ``on_success`` / ``on_failure`` callback that durable mode kept back
@@ -943,10 +989,14 @@ class Worker(RQWorker):
         except Exception:
             self.log.exception('Worker %s: the %s callback of job %s raised', self.name, name, job.id)
 
-    def handle_job_retry(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
-        """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage."""
+    def handle_job_retry(self, job: RQJob, queue: RQQueue, *args: Any, **kwargs: Any) -> None:
+        """Requeue a job that returned :class:`rq.Retry` as RQ does, fenced; rides out an outage.
+
+        Past its ``Retry.max`` RQ fails it instead, and enqueues its dependents as a failure does."""
         rq_retry = super().handle_job_retry
-        self.write_outcome(job, 'retry', lambda: rq_retry(job, *args, **kwargs))
+        held = self.holding_ready_dependents(queue)
+        self.write_outcome(job, 'retry', lambda: rq_retry(job, queue if held is None else held, *args, **kwargs))
+        self.enqueue_ready_dependents(job, queue, held)
 
     def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
         """End the execution as RQ does, fenced; rides out a server outage."""
@@ -961,13 +1011,20 @@ class Worker(RQWorker):
         written again on a new primary; a refusal is reported with :meth:`outcome_refused`."""
         execution = rq_adapter.running_execution(self)
 
-        def rewrite() -> object:
-            # The same outcome again on a new primary (durability): RQ 2 let go of the execution.
-            if self.execution is None and execution is not None and execution.job_id == job.id:
+        def attempt() -> object:
+            # Sent again (after an outage, or on a new primary): RQ 2's first attempt let go of
+            # the execution (its cleanup_execution clears worker.execution), which the fence and
+            # the result name. RQ 3's handlers are given it.
+            if (
+                not compat.CLEANUP_TAKES_EXECUTION
+                and execution is not None
+                and execution.job_id == job.id
+                and self.execution is None
+            ):
                 self.execution = execution
             return write()
 
-        refusal = self.outcomes.write(job, what, write, time.monotonic() + self.outcome_retry_limit, rewrite, confirm)
+        refusal = self.outcomes.write(job, what, attempt, time.monotonic() + self.outcome_retry_limit, attempt, confirm)
         if refusal is not None:
             self.outcome_refused(job, what, refusal)
 
