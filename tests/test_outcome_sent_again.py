@@ -20,6 +20,7 @@ from rq import Retry
 from rq.job import JobStatus
 
 from rq_epoch import Job, Queue
+from rq_epoch.protocol import scripts
 from tests.conftest import wait_for
 
 #: (how the first run ends, what the worker records, the job field its commit carries, the
@@ -51,4 +52,31 @@ def test_an_outcome_whose_commit_the_connection_dropped_is_sent_again_and_spends
     assert getattr(done, field) == left, out
     assert (done.stalled, done.exempt_recoveries) == (0, 0)  # the outage counted nothing
     assert log.read_text().count('start r') == runs
+    assert worker.proc.poll() is None
+
+
+def test_a_success_that_landed_before_its_reply_was_lost_is_recorded_once_not_refused(
+    conn, proxy, start_worker, tmp_path: Path
+) -> None:
+    """The success's commit reaches the server, its reply is lost with the connection
+    (``HoldingProxy.cut``). RQ 3 commits a success under WATCH, so redis-py reports the lost
+    connection as a WatchError; the worker must take it for the connection error it is, find
+    its own commit landed, and say so: no refusal, one result, nothing counted."""
+    log, release = tmp_path / 'runs', tmp_path / 'release'
+    job = Queue('again', connection=conn).enqueue('tests.jobs.gated', str(log), 'r', str(release), 'return')
+    worker = start_worker('again', url=proxy.url)
+    wait_for(lambda: log.exists(), 30, what='the run under way')
+    proxy.cut(scripts.commit().sha.encode())
+    release.touch()
+    assert proxy.cut_done.wait(30), 'the success was never committed'
+    wait_for(
+        lambda: f'success of job {job.id} was recorded before the outage' in worker.output(), 30, what='the log line'
+    )
+    out = worker.output()
+    assert 'refused' not in out, out
+    done = Job.fetch(job.id, connection=conn)
+    assert done.get_status() == JobStatus.FINISHED
+    assert len(done.results()) == 1
+    assert (done.stalled, done.exempt_recoveries) == (0, 0)
+    assert log.read_text().count('start r') == 1
     assert worker.proc.poll() is None

@@ -134,6 +134,21 @@ class _FencedExecute(redis_py.ExecuteHandler):
             return _commit_scripted(transaction, commands, armed, raise_on_error)
         except CONNECTION_ERRORS as exc:
             raise OutcomeInterrupted(armed.job_id, armed.execution_id, exc) from exc
+        except WatchError as exc:
+            # Under WATCH (RQ 3 watches a job's dependents around every success) redis-py
+            # reports a connection error as a WatchError: RQ's loop would build the commit
+            # again and, if the first one landed, meet it as "gone", a refusal. It is the
+            # connection error it is: the outcome writer sends the outcome again.
+            cause = _connection_error(exc)
+            if cause is None:
+                raise
+            raise OutcomeInterrupted(armed.job_id, armed.execution_id, cause) from cause
+
+
+def _connection_error(error: WatchError) -> Exception | None:
+    """The connection error that ``error`` stands for (redis-py's WatchError under WATCH), or None."""
+    cause = error.__cause__ or error.__context__
+    return cause if isinstance(cause, CONNECTION_ERRORS) else None
 
 
 def _name(args: tuple[Any, ...]) -> str:
@@ -243,7 +258,7 @@ def _commit_watched(
             reason = exc.__cause__ or exc.__context__
             if reason is not None:
                 _raise_outage(reason)
-            if rq_watching:
+            if rq_watching or _connection_error(exc) is not None:
                 raise
             transaction.replace_commands(commands)
             transaction.replace_scripts(loaded)
