@@ -40,6 +40,9 @@ def test_an_outcome_whose_commit_the_connection_dropped_is_sent_again_and_spends
     job = Queue('again', connection=conn).enqueue('tests.jobs.gated', str(log), 'r', str(release), first_run, **options)
     worker = start_worker('again', url=proxy.url)
     wait_for(lambda: log.exists(), 30, what='the first run under way')
+    # On a loaded machine a sweep may requeue the job, uncounted, before its first run (it sat
+    # taken but not yet granted for a whole lease): what the outage does is counted from here.
+    exempt_before = Job.fetch(job.id, connection=conn).exempt_recoveries
     proxy.drop(field.encode())  # the outcome's commit saves the job, this field included
     release.touch()
     assert proxy.drop_done.wait(30), f'the {what} of the first run was never sent'
@@ -50,7 +53,7 @@ def test_an_outcome_whose_commit_the_connection_dropped_is_sent_again_and_spends
     assert f'server unreachable while recording the {what} of job {job.id}' in out, out
     assert f'{what} of job {job.id} recorded after 2 attempt(s)' in out, out
     assert getattr(done, field) == left, out
-    assert (done.stalled, done.exempt_recoveries) == (0, 0)  # the outage counted nothing
+    assert (done.stalled, done.exempt_recoveries) == (0, exempt_before), out  # the outage counted nothing
     assert log.read_text().count('start r') == runs
     assert worker.proc.poll() is None
 
@@ -66,6 +69,7 @@ def test_a_success_that_landed_before_its_reply_was_lost_is_recorded_once_not_re
     job = Queue('again', connection=conn).enqueue('tests.jobs.gated', str(log), 'r', str(release), 'return')
     worker = start_worker('again', url=proxy.url)
     wait_for(lambda: log.exists(), 30, what='the run under way')
+    exempt_before = Job.fetch(job.id, connection=conn).exempt_recoveries  # see the test above
     proxy.cut(scripts.commit().sha.encode())
     release.touch()
     assert proxy.cut_done.wait(30), 'the success was never committed'
@@ -77,6 +81,6 @@ def test_a_success_that_landed_before_its_reply_was_lost_is_recorded_once_not_re
     done = Job.fetch(job.id, connection=conn)
     assert done.get_status() == JobStatus.FINISHED
     assert len(done.results()) == 1
-    assert (done.stalled, done.exempt_recoveries) == (0, 0)
+    assert (done.stalled, done.exempt_recoveries) == (0, exempt_before)
     assert log.read_text().count('start r') == 1
     assert worker.proc.poll() is None
