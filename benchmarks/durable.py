@@ -40,6 +40,7 @@ from .harness import (
     STOCK,
     parser,
     ratio,
+    run_burst_worker,
     server,
     server_version,
     stats_ms,
@@ -76,16 +77,7 @@ def throughput(conn: redis.Redis, url: str, side: str, n: int, log: Path, timeou
     conn.flushall()
     jobs = enqueue_jobs(conn, QUEUE, n, on_failure=False)
     start = time.perf_counter()
-    with open(log, 'wb') as fh:
-        proc = subprocess.Popen(
-            _argv(url, side, '--burst'), cwd=ROOT, env=_env(side), stdout=fh, stderr=subprocess.STDOUT
-        )
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            rc = -1
+    rc = run_burst_worker(_argv(url, side, '--burst'), _env(side), log, timeout)
     wall = time.perf_counter() - start
     finished = FinishedJobRegistry(QUEUE, connection=conn).count
     return {

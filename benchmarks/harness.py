@@ -132,6 +132,19 @@ def worker_argv(url: str, side: str, queues: Sequence[str], *options: str, modul
     return argv + list(queues)
 
 
+def run_burst_worker(argv: Sequence[str], env: dict[str, str], log: Path, timeout: float) -> int:
+    """Run a ``rq worker --burst`` (``argv``) to its end, its output in ``log``; its exit code,
+    or -1 when it was still running after ``timeout`` seconds (then it is killed)."""
+    with open(log, 'wb') as fh:
+        proc = subprocess.Popen(list(argv), cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            return -1
+
+
 def start_worker(url: str, side: str, log: Path, queues: Sequence[str], *options: str) -> subprocess.Popen[bytes]:
     """A real ``rq worker`` of ``side`` on ``queues``, its output appended to ``log``."""
     with open(log, 'ab') as fh:

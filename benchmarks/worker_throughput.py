@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import resource
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from rq.utils import str_to_date
 from rq_epoch.protocol import keys
 
 from .fixture import enqueue_jobs
-from .harness import EPOCH, ROOT, STOCK, parser, ratio, server, server_version, worker_argv, worker_env
+from .harness import EPOCH, STOCK, parser, ratio, run_burst_worker, server, server_version, worker_argv, worker_env
 from .report import finish
 
 NAME = 'worker_throughput'
@@ -88,15 +87,7 @@ def one_run(
     before, before_calls, before_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
     before_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    with open(log, 'wb') as fh:
-        argv = worker_argv(url, side, [QUEUE], '--burst')
-        proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(), stdout=fh, stderr=subprocess.STDOUT)
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            rc = -1
+    rc = run_burst_worker(worker_argv(url, side, [QUEUE], '--burst'), worker_env(), log, timeout)
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     after, after_calls, after_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)

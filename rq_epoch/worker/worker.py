@@ -424,7 +424,7 @@ class Worker(RQWorker):
             self.contact.lost(exc)
             held = self.holding_ready_dependents(queue)
             kwargs: dict[str, Any] = {
-                'queue': queue if held is None else held,
+                'queue': held,
                 'exc_string': 'Work-horse terminated unexpectedly',
             }
             if args:
@@ -918,7 +918,7 @@ class Worker(RQWorker):
             return
         rq_failure = super().handle_job_failure
         held = self.holding_ready_dependents(queue)
-        self.write_outcome(job, 'failure', lambda: rq_failure(job, queue if held is None else held, *args, **kwargs))
+        self.write_outcome(job, 'failure', lambda: rq_failure(job, held, *args, **kwargs))
         self.enqueue_ready_dependents(job, queue, held)
         self.run_deferred_callback(job)
 
@@ -926,14 +926,14 @@ class Worker(RQWorker):
         """Record a success as RQ does, fenced; rides out a server outage."""
         rq_success = super().handle_job_success
         held = self.holding_ready_dependents(queue)
-        self.write_outcome(job, 'success', lambda: rq_success(job, queue if held is None else held, *args, **kwargs))
+        self.write_outcome(job, 'success', lambda: rq_success(job, held, *args, **kwargs))
         self.enqueue_ready_dependents(job, queue, held)
         self.run_deferred_callback(job)
 
-    def holding_ready_dependents(self, queue: RQQueue) -> RQQueue | None:
-        """With ``RQ_EPOCH_DURABLE_REPLICAS`` on RQ 3: a copy of ``queue`` for RQ's outcome
-        handlers, which holds back their push of the dependents the outcome made ready
-        (:class:`rq_epoch.jobs.queue.HoldsReadyDependents`); None otherwise.
+    def holding_ready_dependents(self, queue: RQQueue) -> RQQueue:
+        """The queue to hand RQ's outcome handlers: with ``RQ_EPOCH_DURABLE_REPLICAS`` on RQ 3, a
+        copy of ``queue`` that holds back their push of the dependents the outcome made ready
+        (:class:`rq_epoch.jobs.queue.HoldsReadyDependents`); otherwise ``queue`` itself.
 
         RQ 3 pushes them onto their queues right after the outcome's transaction, before its
         confirmation; :meth:`enqueue_ready_dependents` pushes them once it is confirmed. On RQ 2
@@ -942,10 +942,10 @@ class Worker(RQWorker):
         parent's outcome included.
         """
         if not self.durability.enabled or compat.READY_TO_ENQUEUE is None:
-            return None
+            return queue
         return cast('RQQueue', holding_ready_dependents(queue))
 
-    def enqueue_ready_dependents(self, job: RQJob, queue: RQQueue, held: RQQueue | None) -> None:
+    def enqueue_ready_dependents(self, job: RQJob, queue: RQQueue, held: RQQueue) -> None:
         """Push onto their queues the dependents of ``job`` that ``held`` (see
         :meth:`holding_ready_dependents`) kept back, now that the outcome that made them ready is
         written and confirmed (RQ 3's ``Queue.enqueue_ready_jobs_by_queue``, which logs a queue it
@@ -956,7 +956,7 @@ class Worker(RQWorker):
         it to push them elsewhere or later; a dependent left in its ReadyJobRegistry is pushed by
         the cleanup of that registry in RQ's maintenance.
         """
-        ready = cast(HoldsReadyDependents, held).held_ready if held is not None else {}
+        ready = held.held_ready if isinstance(held, HoldsReadyDependents) else {}
         if not ready:
             return
         if isinstance(job, EpochJobMixin) and job.outcome_refused:
@@ -995,7 +995,7 @@ class Worker(RQWorker):
         Past its ``Retry.max`` RQ fails it instead, and enqueues its dependents as a failure does."""
         rq_retry = super().handle_job_retry
         held = self.holding_ready_dependents(queue)
-        self.write_outcome(job, 'retry', lambda: rq_retry(job, queue if held is None else held, *args, **kwargs))
+        self.write_outcome(job, 'retry', lambda: rq_retry(job, held, *args, **kwargs))
         self.enqueue_ready_dependents(job, queue, held)
 
     def handle_execution_ended(self, job: RQJob, queue: RQQueue, heartbeat_ttl: int) -> None:
