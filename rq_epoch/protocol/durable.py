@@ -193,23 +193,29 @@ class Durability:
         run_id = server.split(':', 1)[0]
         if connected or acked:
             _Sightings.saw(run_id)
+
+        def result(confirmed: bool, degraded: bool = False) -> Confirmation:
+            return Confirmation(
+                confirmed=confirmed,
+                replicas=acked,
+                fsynced=fsynced,
+                connected=connected,
+                degraded=degraded,
+                server=server,
+                check=checked,
+            )
+
         if fsynced is False:
-            return Confirmation(
-                confirmed=False, replicas=acked, fsynced=False, connected=connected, server=server, check=checked
-            )
+            return result(False)
         if acked is None or acked >= self.replicas:
-            return Confirmation(
-                confirmed=True, replicas=acked, fsynced=fsynced, connected=connected, server=server, check=checked
-            )
+            return result(True)
         if connected == 0:
             if _Sightings.lately(run_id) or not written.settled:
                 # This server had replicas a moment ago: it may just have been replaced (a
                 # promoted replica leaves its old primary alone), or cut off; or it was itself
                 # promoted a moment ago, and its old primary may be on its way back as its
                 # replica (or another failover may take it over). Not confirmed.
-                return Confirmation(
-                    confirmed=False, replicas=acked, fsynced=fsynced, connected=0, server=server, check=checked
-                )
+                return result(False)
             if run_id not in _Sightings.alone:
                 _Sightings.alone.add(run_id)
                 self.log.warning(
@@ -218,29 +224,9 @@ class Durability:
                     self._who(),
                     self.replicas,
                 )
-            return Confirmation(
-                confirmed=True,
-                replicas=acked,
-                fsynced=fsynced,
-                connected=0,
-                degraded=True,
-                server=server,
-                check=checked,
-            )
-        if acked >= connected:
-            # Fewer replicas than asked are connected, and every one of them confirmed.
-            return Confirmation(
-                confirmed=True,
-                replicas=acked,
-                fsynced=fsynced,
-                connected=connected,
-                degraded=True,
-                server=server,
-                check=checked,
-            )
-        return Confirmation(
-            confirmed=False, replicas=acked, fsynced=fsynced, connected=connected, server=server, check=checked
-        )
+            return result(True, degraded=True)
+        # Fewer replicas than asked are connected: confirmed, degraded, when every one of them did.
+        return result(acked >= connected, degraded=acked >= connected)
 
     def _refused(self, command: str, error: redis.exceptions.ResponseError) -> None:
         """The server refused ``WAIT`` or ``WAITAOF`` (an ACL, an old server, no AOF): say so once."""
