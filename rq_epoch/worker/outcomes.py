@@ -172,7 +172,9 @@ class OutcomeWriter:
             try:
                 confirmation = durability.confirm(self.connection, check)
             except CONNECTION_ERRORS:
-                pass  # the primary is going away: follow it
+                # The primary is going away: follow it, without asking again at once (a server
+                # that refuses connections answers at once, and the turn would spin).
+                time.sleep(0.1)
             else:
                 here = confirmation.check
                 # The fence's check ran on the server that confirmed: this execution still holds
