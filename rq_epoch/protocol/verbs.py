@@ -428,6 +428,14 @@ def watch(connection: Redis, keys: list[str], args: list[Any]) -> Role:
     return Role(int(scripts.watch()(connection, keys, args)))
 
 
+def claim_free_watch(connection: Redis, watch_key: str, token: str, ttl_ms: int) -> bool:
+    """Claim a watch that nobody holds, the claim of a waiter that a token woke (the watcher
+    that handed the watch on deleted its key): one ``SET NX PX``, the same write as a
+    take's claim (see ``lua/_watch.lua``). True when the caller now holds the watch,
+    False when another worker claimed it first."""
+    return bool(connection.set(watch_key, token, nx=True, px=ttl_ms))
+
+
 @dataclass(frozen=True)
 class SweepTickets:
     """The sweep tickets a worker was granted (``lua/ticket.lua``)."""

@@ -25,8 +25,10 @@ The others block in ``BLPOP <prefix>:epoch:baton:<set>`` on their main connectio
 place goes with the take, in the same script: a take that finds no job claims the watch
 when nobody holds it, and a take that moves a job hands the watch on (its key deleted,
 one token pushed on the baton list). An enqueue wakes the watcher alone; its take moves
-the job and wakes the one waiter that pops the token, whose take claims the watch before
-it arms tracking. An enqueue thus makes at most two workers read the queues (the
+the job and wakes the one waiter that pops the token. That waiter claims the free watch
+with one ``SET NX`` (no take: its first read of the queues as the watcher, which arms
+tracking, says whether a job waits; when another worker claimed the watch first, it takes
+again, which gives it its turn). An enqueue thus makes at most two workers read the queues (the
 watcher, and the waiter it hands on to), however many wait.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
@@ -520,8 +522,11 @@ class Taker:
                     return True  # the watcher's refresh found the watch taken: the take gives a turn
                 if self._wait_for_baton(set_id, min(remaining, turn_at - time.monotonic())):
                     self.counters.wakeups += 1
-                # A token or this waiter's turn: take again, which claims the watch if nobody
-                # holds it (the watcher handed it on, or died and its key expired).
+                    if self._claim_handed_on(set_id):
+                        continue  # the watcher now: its read of the queues says whether a job waits
+                # This waiter's turn, or a token whose watch another worker claimed first: take
+                # again, which claims the watch if nobody holds it (its watcher died and its
+                # key expired), or gives this waiter its next turn.
                 self._claimed_at = None
                 return True
             if self._watch_deadline is None:
@@ -589,6 +594,21 @@ class Taker:
         if role is not Role.WATCHER:
             self._turn_at = None  # the next take gives it a turn
         return role
+
+    def _claim_handed_on(self, set_id: str) -> bool:
+        """Claim the watch that a token says was handed on (its key deleted by the take that
+        moved a job): one ``SET NX``, no script, and no take, as the watcher's first read of
+        the queues (which arms tracking) says whether a job waits. False when another
+        worker claimed it first."""
+        try:
+            claimed = verbs.claim_free_watch(self.connection, keys.watch_key(set_id), self.name, self._ttl_ms)
+        except redis.exceptions.ResponseError as exc:
+            _outage_as_connection_error(exc)
+            raise
+        if claimed:
+            self.counters.claims += 1
+            self._placed(set_id, Role.WATCHER)
+        return claimed
 
     def _watch_script(self, action: str, set_id: str) -> Role:
         """Call ``watch.lua``: the watcher's refresh (claim), or the place it left (leave)."""

@@ -60,6 +60,7 @@ end
 --   real promotion: in doubt, a longer grace. At most 8 entries are kept.
 --
 --   state.role      'master', 'slave', ... (INFO replication role)
+--   state.replid    master_replid, the replication id of this term (for a primary only)
 --   state.age       seconds this process has been primary: min(uptime, now - first seen);
 --                   0 when this call is the first to see it (or a dry run cannot record it)
 --   state.first     server time first seen as primary (0 when not recorded)
@@ -102,7 +103,8 @@ local function primary_epoch(run_id, uptime, now, key, write)
                  expected = 0, isolated = false, returning = false}
   if state.role ~= 'master' then return state end
   local online = replicas_online(info)
-  local field = run_id .. ':' .. string.match(info_value(info, 'master_replid') or '', '^%w*')
+  state.replid = string.match(info_value(info, 'master_replid') or '', '^%w*')
+  local field = run_id .. ':' .. state.replid
   -- The whole hash at once (at most 8 entries): this epoch's entry, and the others' names.
   local entries = rcall('HGETALL', key)
   local entry = nil
@@ -183,7 +185,7 @@ local function note_alive(prefix, run_id, uptime, now, primary)
   if last and now >= last and now < last + ALIVE_EVERY then return end
   if primary == nil then primary = primary_epoch(run_id, uptime, now, prefix .. ':epoch:primaries', false) end
   if primary.role ~= 'master' or primary.isolated then return end
-  local term = string.match(info_value(rcall('INFO', 'replication'), 'master_replid') or '', '^%w*')
+  local term = primary.replid
   if last == nil or replid ~= term or now < last then first = now end
   rcall('HSET', key, run_id, string.format('%.6f %s %.6f', now, term, first))
   if not value and rcall('HLEN', key) > ALIVE_KEEP then

@@ -5,7 +5,9 @@
 -- client tracking armed on the queues, so that an enqueue wakes it and no other. It holds
 -- the watch key (a string: its token, with a TTL it refreshes while it waits). Every other
 -- idle worker waits with BLPOP on the baton list until its turn, then takes again, which
--- claims the watch if its key expired (the watcher died). The turns are given out one
+-- claims the watch if its key expired (the watcher died). (A waiter woken by a token claims
+-- the watch the take handed on with a plain SET NX, the same write as claim_watch's when
+-- nobody holds the key: rq_epoch/protocol/verbs.py, claim_free_watch.) The turns are given out one
 -- gap apart, in server time: one waiter wakes per gap, however many wait, and a watcher
 -- that died is replaced within its key's TTL and one gap (two, when the waiter whose turn
 -- came first died with it).
@@ -20,7 +22,8 @@
 -- hand_on_watch(watch_key, baton_key, token, ttl) -> whether a waiter was woken
 --   Called when the caller took a job: the watch passes to another idle worker. When the
 --   caller held the watch, its key is deleted; when the caller held it or nobody did, one
---   token is pushed on the baton list, so the waiter blocked longest wakes and claims it.
+--   token is pushed on the baton list, so the waiter blocked longest wakes and claims it
+--   (SET NX: the key is free).
 --   When another worker watches, nothing changes.
 -- next_turn(turns_key, kept, gap) -> turn, wait   (server time in ms; ms to wait for it)
 --   The caller's turn to take again: `kept`, the turn it was given last, while that has
@@ -32,9 +35,10 @@
 local WATCHER, NEITHER = 2, 0
 
 -- Wake one waiter (the one blocked longest): one token, never more, gone after the TTL.
+-- (The token is pushed first: when one was already waiting, the list is cut back to it.)
 local function wake_one(baton_key, token, ttl)
-  if rcall('LLEN', baton_key) == 0 then
-    rcall('RPUSH', baton_key, token)
+  if rcall('RPUSH', baton_key, token) > 1 then
+    rcall('LTRIM', baton_key, 0, 0)
   end
   rcall('PEXPIRE', baton_key, ttl)
 end

@@ -20,8 +20,9 @@
 -- ARGV[4]  optional: RQ key prefix ("rq"); with it, the script notes that this server is
 --          alive as primary (note_alive in _epoch.lua, at most once a second per server)
 --
--- Returns {1, run_id, deadline} when granted; {0, run_id, 0} when the job hash is gone
--- (nothing is written then). Errors with EPOCH_UNAVAILABLE when the server yields no
+-- Returns {1, run_id, deadline} when granted; {0, run_id, 0} when the job hash is gone,
+-- or has no `created_at` (what is left of a deleted job after a late write of one field;
+-- nothing is written then). Errors with EPOCH_UNAVAILABLE when the server yields no
 -- valid run_id; nothing is written then either.
 --
 -- With KEYS[3] and KEYS[4], the job's entry in the intermediate list (left there by the
@@ -51,12 +52,12 @@ local job_id, execution = ARGV[1], ARGV[3]
 local run_id, uptime, err = current_epoch()
 if err then return redis.error_reply(err) end
 
-if rcall('EXISTS', job_key) == 0 then
+-- The execution that held the job before and the mark of a dead letter, in one read with
+-- `created_at`, which RQ writes into every job hash it saves: without it, the job is gone.
+local held = rcall('HMGET', job_key, 'lease_execution', 'stall_dead', 'created_at')
+if not held[3] then
   return {0, run_id, '0'}
 end
-
--- The execution that held the job before, and the mark of a dead letter, in one read.
-local held = rcall('HMGET', job_key, 'lease_execution', 'stall_dead')
 if wip_key then
   local previous = held[1]
   if previous and previous ~= execution then rcall('ZREM', wip_key, job_id .. ':' .. previous) end
