@@ -12,7 +12,8 @@
 -- that died is replaced within its key's TTL and one gap (two, when the waiter whose turn
 -- came first died with it).
 --
--- claim_watch(watch_key, token, ttl, prefix) -> WATCHER or NEITHER
+-- claim_watch(watch_key, watcher, token, ttl, prefix) -> WATCHER or NEITHER
+--   `watcher` is the watch key's value as the caller read it (false: nobody holds it).
 --   The caller becomes (or stays) the watcher when nobody else is: the key is set to its
 --   token for `ttl` milliseconds. With `prefix` (the watcher's refresh, watch.lua), the
 --   server is also noted alive as primary (note_alive in _epoch.lua, at most once a second
@@ -25,7 +26,9 @@
 --   token is pushed on the baton list, so the waiter blocked longest wakes and claims it
 --   (SET NX: the key is free).
 --   When another worker watches, nothing changes.
--- next_turn(turns_key, kept, gap) -> turn, wait   (server time in ms; ms to wait for it)
+-- next_turn(turns_key, kept, gap, now, last) -> turn, wait   (server time in ms; ms to wait)
+--   `now` is the server's time in ms (server_ms) and `last` the turns key's value, as the
+--   caller read them (each caller reads them with what else it reads).
 --   The caller's turn to take again: `kept`, the turn it was given last, while that has
 --   not come (a waiter keeps its place in the line through RQ's loop), else the next free
 --   one, `gap` ms after the last turn given out (or after now). The turns key expires one
@@ -33,6 +36,12 @@
 --   of this server's line (a failover, a restart): a new one is given.
 
 local WATCHER, NEITHER = 2, 0
+
+-- The server's time (TIME) in whole milliseconds.
+local function server_ms()
+  local time = rcall('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
 
 -- Wake one waiter (the one blocked longest): one token, never more, gone after the TTL.
 -- (The token is pushed first: when one was already waiting, the list is cut back to it.)
@@ -43,8 +52,7 @@ local function wake_one(baton_key, token, ttl)
   rcall('PEXPIRE', baton_key, ttl)
 end
 
-local function claim_watch(watch_key, token, ttl, prefix)
-  local watcher = rcall('GET', watch_key)
+local function claim_watch(watch_key, watcher, token, ttl, prefix)
   if watcher and watcher ~= token then return NEITHER end
   rcall('SET', watch_key, token, 'PX', ttl)
   if prefix then
@@ -62,10 +70,8 @@ local function hand_on_watch(watch_key, baton_key, token, ttl)
   return true
 end
 
-local function next_turn(turns_key, kept, gap)
-  local time = rcall('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  local last = tonumber(rcall('GET', turns_key)) or 0
+local function next_turn(turns_key, kept, gap, now, last)
+  last = tonumber(last) or 0
   if kept > now and kept <= last then return kept, kept - now end
   local turn = math.max(now, last) + gap
   rcall('SET', turns_key, turn, 'PX', turn - now + gap)

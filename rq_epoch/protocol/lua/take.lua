@@ -79,8 +79,10 @@ if popped then
   end
 end
 if watch_key then
-  if claim_watch(watch_key, token, ttl, nil) == WATCHER then return {0, '', WATCHER, 0, 0} end
-  local turn, wait = next_turn(turns_key, kept, gap)
+  -- The watch and the last turn given out, in one read.
+  local held = rcall('MGET', watch_key, turns_key)
+  if claim_watch(watch_key, held[1], token, ttl, nil) == WATCHER then return {0, '', WATCHER, 0, 0} end
+  local turn, wait = next_turn(turns_key, kept, gap, server_ms(), held[2])
   return {0, '', NEITHER, turn, wait}
 end
 return {0, '', NEITHER, 0, 0}

@@ -47,8 +47,7 @@ if turns_key then
   last_name = #ARGV - 2
   gap, kept = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 end
-local time = rcall('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = server_ms()
 
 local run_id, uptime = current_epoch()
 if run_id then note_alive(prefix, run_id, uptime, now / 1000) end
@@ -74,7 +73,7 @@ for i = 3, last_name do
 end
 if turns_key then
   local turn, wait = 0, 0
-  if not granted then turn, wait = next_turn(turns_key, kept, gap) end
+  if not granted then turn, wait = next_turn(turns_key, kept, gap, now, rcall('GET', turns_key)) end
   reply[#reply + 1] = turn
   reply[#reply + 1] = wait
 end

@@ -29,7 +29,7 @@ local watch_key, baton_key = KEYS[1], KEYS[2]
 local action, token, ttl, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 if action == 'claim' then
-  return claim_watch(watch_key, token, ttl, prefix)
+  return claim_watch(watch_key, rcall('GET', watch_key), token, ttl, prefix)
 end
 if action == 'leave' then
   if rcall('GET', watch_key) ~= token then return NEITHER end
