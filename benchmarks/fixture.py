@@ -203,12 +203,13 @@ _EXEC = re.compile(r'\b[0-9a-f]{32}\b')
 #: Worker registration (written by a live worker, read by neither cleanup) and the sweep's
 #: own bookkeeping: per queue, its record of primary epochs and the workers' sweep tickets (a
 #: worker's start-up sweep writes them, not the start of a job), and the record of life (written
-#: by any script, once a second), and the idle workers' turns (written by whichever worker waits).
+#: by any script, once a second), and the workers' turns (the idle workers' turns to take, written
+#: by whichever worker waits, and the turns to ask for sweep tickets, by whichever worker lost one).
 _IGNORED = re.compile(
     '^'
     + re.escape(keys.PREFIX)
     + r':(workers(:.*)?|worker:<worker>|clean_groups|queues|epoch:(limbo|stats):.*|epoch:(primaries|tickets|alive)'
-    + r'|epoch:turns:.*'
+    + r'|epoch:(turns|sweepturns):.*'
     + r'|queue:.*:intermediate:first_seen:.*)$'
 )
 

@@ -163,6 +163,40 @@ def test_idle_workers_alone_on_one_queue_leave_the_wait_about_half_as_often_as_e
     wait_for(lambda: job.get_status(refresh=True) == JobStatus.FINISHED, 30, what='the job done')
 
 
+def test_a_busy_fleet_asks_for_sweep_tickets_about_twice_per_interval_however_many_workers(
+    conn, start_worker, tmp_path
+) -> None:
+    """Ten workers kept busy on several queues pass through RQ's loop between jobs: the one that
+    swept last asks for the tickets again each interval, the others at their turns, one turn
+    per interval for the whole fleet. About two asks per interval; were each worker to ask
+    every two intervals, ten would make about six. Every queue is still swept each interval."""
+    fleet = start_fleet(start_worker, conn, 10, {'RQ_EPOCH_SWEEP_INTERVAL': '1'})
+    queues = [Queue(name, connection=conn) for name in QUEUES]
+    log = str(tmp_path / 'runs.log')
+    for i in range(600):
+        queues[i % len(queues)].enqueue('tests.jobs.sleep_and_record', log, str(i), 0.2)
+
+    def asks() -> int:
+        return sum(counter(worker, 'ticket_asks') for worker in fleet)
+
+    def swept() -> dict[str, int]:
+        return {name: int(conn.hget(keys.tickets_key(), f'count:{name}') or 0) for name in QUEUES}
+
+    def all_busy() -> bool:
+        names = conn.smembers(keys.workers_key())
+        return len(names) == len(fleet) and all(conn.hget(name, 'state') == b'busy' for name in names)
+
+    wait_for(all_busy, 60, what='every worker busy')
+    time.sleep(3.0)  # every worker has asked once and been given its turn (the window starts after)
+    first_asks, first_swept, started = asks(), swept(), time.monotonic()
+    time.sleep(5.0)
+    last_asks, last_swept, elapsed = asks(), swept(), time.monotonic() - started
+    assert sum(len(queue) for queue in queues) >= len(fleet), 'the fleet ran out of jobs in the window'
+    made = last_asks - first_asks
+    assert made <= 3 * elapsed + 2, (made, elapsed)
+    assert all(last_swept[name] - first_swept[name] >= elapsed / 2 for name in QUEUES), (first_swept, last_swept)
+
+
 def test_a_job_starts_within_a_sweep_interval_after_the_idle_watcher_is_killed(conn, start_worker) -> None:
     interval = 3
     fleet = start_fleet(start_worker, conn, 3, {'RQ_EPOCH_SWEEP_INTERVAL': str(interval)})

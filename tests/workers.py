@@ -47,9 +47,16 @@ class _CountingTaker(Taker):
 
 
 class EpochWorkerCountingWakes(Worker):
-    """rq-epoch's worker, printing its taker's counters (wake-ups, empty takes, watch terms)."""
+    """rq-epoch's worker, printing its taker's counters (wake-ups, empty takes, watch terms)
+    and its asks for sweep tickets (``COUNTER ticket_asks <n>``)."""
 
     taker_class = _CountingTaker
+    ticket_asks = 0
+
+    def sweep(self) -> Any:
+        self.ticket_asks += 1
+        print(f'COUNTER ticket_asks {self.ticket_asks}', flush=True)
+        return super().sweep()
 
 
 class StockQueueDiesAfterPop(StockQueue):

@@ -159,7 +159,12 @@ class Demo:
                 conn.hdel(keys.tickets_key(), f'at:{story.queue_name}', f'count:{story.queue_name}')
                 # The idle workers' turns and watch on the run's queue (named by a hash of it).
                 set_id = keys.queue_set_id([keys.queue_key(story.queue_name)])
-                conn.delete(keys.turns_key(set_id), keys.watch_key(set_id), keys.baton_key(set_id))
+                conn.delete(
+                    keys.turns_key(set_id),
+                    keys.sweep_turns_key(set_id),
+                    keys.watch_key(set_id),
+                    keys.baton_key(set_id),
+                )
             for raw in conn.smembers(keys.workers_key()):  # type: ignore[union-attr]
                 if self.prefix in _text(raw):
                     conn.srem(keys.workers_key(), raw)

@@ -52,6 +52,7 @@ __all__ = [
     'tickets_key',
     'watch_key',
     'baton_key',
+    'sweep_turns_key',
     'turns_key',
     'wip_key',
     'worker_executions_key',
@@ -131,6 +132,10 @@ baton_key = KeyFamily('epoch:baton')
 #: that waits for the baton; the turns follow each other at a fixed gap (``_watch.lua``).
 #: Named by :func:`queue_set_id`.
 turns_key = KeyFamily('epoch:turns')
+#: String: the server time (ms) of the last turn given to a worker to ask for the sweep
+#: tickets of a set of queues again, after it won none (``ticket.lua``); the turns follow
+#: each other one sweep interval apart. Named by :func:`queue_set_id`.
+sweep_turns_key = KeyFamily('epoch:sweepturns')
 
 
 def tickets_key() -> str:

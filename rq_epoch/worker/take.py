@@ -280,13 +280,14 @@ class Taker:
         self._polling = not self.tracking
         self._reconnect = False
         self._stand_ins: dict[type, type] = {}
-        #: Whether this worker won a sweep ticket at its last ask (the worker sets it): a
-        #: worker alone on one queue then waits one sweep interval at a time, else until its
-        #: turn to ask again (:meth:`ticket_turn`), so that only the fleet's sweeper of an idle
-        #: queue wakes each interval, and one other worker per interval, however many wait.
+        #: Whether this worker won a sweep ticket at its last ask (the worker sets it): it then
+        #: asks again one sweep interval later, else at its turn (:meth:`ticket_turn`), so that
+        #: one other worker of its queues asks per interval, however many there are. A worker
+        #: alone on one queue waits in RQ's BLMOVE until then: only the fleet's sweeper of an
+        #: idle queue wakes each interval, and one other worker per interval.
         self.sweeping = True
-        #: The turn to ask for the sweep ticket again of a worker alone on one queue that won
-        #: none: server time in ms (0: none), and when it comes by this process's clock.
+        #: The turn to ask for the sweep tickets again of a worker that won none: server time
+        #: in ms (0: none), and when it comes by this process's clock.
         self.ticket_turn_ms = 0
         self.ticket_turn_at: float | None = None
         #: The set of queues (:func:`rq_epoch.protocol.keys.queue_set_id`) this taker last claimed a
@@ -561,13 +562,19 @@ class Taker:
         return max(0.01, (self.sweep_interval - self.watch_ttl) / 2)
 
     def ticket_turn(self, tickets: verbs.SweepTickets) -> None:
-        """Note what this worker's ask for the sweep tickets of its one queue gave it: the
-        ticket (it sweeps, and waits one interval), or its turn to ask again."""
+        """Note what this worker's ask for the sweep tickets of its queues gave it: a ticket (it
+        sweeps, and asks again one interval later), or its turn to ask again."""
         self.sweeping = bool(tickets.granted)
         if tickets.granted or not tickets.turn_ms:
             self.ticket_turn_at = None
         else:
             self.ticket_turn_ms, self.ticket_turn_at = tickets.turn_ms, time.monotonic() + tickets.wait
+
+    @property
+    def watching(self) -> bool:
+        """Whether this taker holds the watch of its queues (last it knew): the idle fleet's
+        watcher, which goes back to RQ's loop once per sweep interval to sweep for the others."""
+        return self._role is Role.WATCHER
 
     @property
     def _ttl_ms(self) -> int:

@@ -1088,15 +1088,16 @@ class Worker(RQWorker):
 
     def _sweep_due(self) -> bool:
         """Whether this worker asks for its queues' sweep tickets now: one sweep interval after
-        its last ask when it won a ticket then; else, alone on one queue, at its turn (see
-        :meth:`rq_epoch.worker.take.Taker.ticket_turn`), and on several queues two intervals
-        after (another worker sweeps them; if that one died, this one wins within two), so
-        that idle workers and a busy fleet's workers between jobs do not all ask every interval."""
+        its last ask when it won a ticket then, or while it watches an idle fleet's queues
+        (it sweeps for the fleet); else at its turn (see
+        :meth:`rq_epoch.worker.take.Taker.ticket_turn`: one worker of its queues per interval,
+        however many), or two intervals after its last ask when it has no turn, so that idle
+        workers and a busy fleet's workers between jobs do not all ask every interval."""
         if self._last_sweep is None:
             return True
         interval = self.epoch_settings.sweep_interval
         taker = self._taker
-        if taker is not None and not taker.sweeping:
+        if taker is not None and not taker.sweeping and not taker.watching:
             if taker.ticket_turn_at is not None:
                 return time.monotonic() >= taker.ticket_turn_at
             interval *= 2
@@ -1177,14 +1178,13 @@ class Worker(RQWorker):
         self._last_sweep = time.monotonic()
         try:
             taker = self.taker
-            # Alone on one queue, it waits in RQ's BLMOVE, not for the watch: its turns to ask
-            # again come with the ticket, one sweep interval apart (the sweeper of an idle
-            # queue that died is replaced within about two intervals, as before the turns).
+            # A worker that wins nothing is given its turn to ask again, one sweep interval
+            # after the last turn given to a worker of its queues (the sweeper that died is
+            # replaced within about two intervals). The watcher of an idle fleet asks every
+            # interval and takes no turn: it sweeps for the idle workers.
             interval = self.epoch_settings.sweep_interval
-            alone = len(self.queues) == 1
-            tickets = take_tickets(
-                self.connection, self.queue_names(), interval, turn=(interval, taker.ticket_turn_ms) if alone else None
-            )
+            turn = None if taker.watching else (interval, taker.ticket_turn_ms)
+            tickets = take_tickets(self.connection, self.queue_names(), interval, turn=turn)
             taker.ticket_turn(tickets)
             if not tickets.granted:
                 return None

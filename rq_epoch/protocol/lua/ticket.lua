@@ -22,11 +22,12 @@
 -- A last ticket later than now (the primary changed to one whose clock is behind) does
 -- not hold the queue back: a ticket is granted.
 --
--- KEYS[2]  optional: the turns of the caller's set of queues (<prefix>:epoch:turns:<set>),
---          for a worker alone on one queue: it waits in RQ's BLMOVE, and when it was granted
---          nothing, it asks again at its turn (next_turn in _watch.lua), so that one such
---          worker wakes per gap however many wait, and the sweeper of a queue that died is
---          replaced within about an interval and a gap
+-- KEYS[2]  optional: the sweep turns of the caller's set of queues
+--          (<prefix>:epoch:sweepturns:<set>): when it was granted nothing, it asks again at
+--          its turn (next_turn in _watch.lua), one gap (a sweep interval) after the last turn
+--          given, so that one worker of the set asks per gap however many there are (a worker
+--          alone on one queue waits in RQ's BLMOVE until then), and the sweeper of a queue
+--          that died is replaced within about an interval and a gap
 -- with KEYS[2]: ARGV[n+3] the gap between two turns in ms, ARGV[n+4] the caller's last turn
 --          (server ms) or 0
 --
