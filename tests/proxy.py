@@ -35,9 +35,8 @@ class HoldingProxy:
         self.hold_limit = hold_limit
         self._listener = socket.create_server(('127.0.0.1', 0))
         self.port: int = self._listener.getsockname()[1]
-        self._pattern: bytes | None = None
-        self._cut_pattern: bytes | None = None
-        self._drop_pattern: bytes | None = None
+        #: The pattern each action ('hold', 'cut', 'drop') waits for, until it fires once.
+        self._patterns: dict[str, bytes] = {}
         self._lock = threading.Lock()
         #: Set when a connection was closed in place of forwarding a reply.
         self.cut_done = threading.Event()
@@ -62,7 +61,7 @@ class HoldingProxy:
     def hold(self, pattern: bytes) -> None:
         """Hold the first client write that contains ``pattern`` (once)."""
         with self._lock:
-            self._pattern = pattern
+            self._patterns['hold'] = pattern
             self.held.clear()
             self._released.clear()
 
@@ -70,14 +69,14 @@ class HoldingProxy:
         """Drop the reply to the first client write that contains ``pattern`` (once), and
         close that connection."""
         with self._lock:
-            self._cut_pattern = pattern
+            self._patterns['cut'] = pattern
             self.cut_done.clear()
 
     def drop(self, pattern: bytes) -> None:
         """Close the connection of the first client write that contains ``pattern`` (once),
         without forwarding that write: the command never reaches the server."""
         with self._lock:
-            self._drop_pattern = pattern
+            self._patterns['drop'] = pattern
             self.drop_done.clear()
 
     def hold_downstream(self) -> None:
@@ -121,28 +120,14 @@ class HoldingProxy:
             threading.Thread(target=self._client_to_server, args=(client, upstream, cut_reply), daemon=True).start()
             threading.Thread(target=self._server_to_client, args=(upstream, client, cut_reply), daemon=True).start()
 
-    def _matches(self, tail: bytes, chunk: bytes) -> bool:
+    def _fires(self, action: str, tail: bytes, chunk: bytes) -> bool:
+        """Whether ``action``'s pattern is in this write (with the end of the one before); an
+        action fires once."""
         with self._lock:
-            pattern = self._pattern
+            pattern = self._patterns.get(action)
             if pattern is None or pattern not in tail + chunk:
                 return False
-            self._pattern = None  # hold once
-        return True
-
-    def _cuts(self, tail: bytes, chunk: bytes) -> bool:
-        with self._lock:
-            pattern = self._cut_pattern
-            if pattern is None or pattern not in tail + chunk:
-                return False
-            self._cut_pattern = None  # cut once
-        return True
-
-    def _drops(self, tail: bytes, chunk: bytes) -> bool:
-        with self._lock:
-            pattern = self._drop_pattern
-            if pattern is None or pattern not in tail + chunk:
-                return False
-            self._drop_pattern = None  # drop once
+            del self._patterns[action]
         return True
 
     def _client_to_server(self, client: socket.socket, upstream: socket.socket, cut_reply: threading.Event) -> None:
@@ -152,12 +137,12 @@ class HoldingProxy:
                 chunk = client.recv(65536)
                 if not chunk:
                     break
-                if self._drops(tail, chunk):
+                if self._fires('drop', tail, chunk):
                     self.drop_done.set()
                     break  # not forwarded: both sides are closed below
-                if self._cuts(tail, chunk):
+                if self._fires('cut', tail, chunk):
                     cut_reply.set()  # before the server can answer
-                if self._matches(tail, chunk):
+                if self._fires('hold', tail, chunk):
                     self.held.set()
                     self._released.wait(self.hold_limit)
                 tail = chunk[-256:]
