@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from rq import Retry
 
 from rq_epoch import Job, Queue, Sweeper
@@ -58,6 +59,14 @@ class HeldLink:
     @property
     def proxy(self) -> HoldingProxy:
         return self.proxies[0]
+
+    def hold_after_grant(self, job: Job, client: redis.Redis, replica: redis.Redis) -> bytes:
+        """Once the replica has the grant of ``job``'s running execution, hold everything the
+        primary sends it from then on; returns the execution's id."""
+        execution = client.hget(job.key, 'lease_execution')
+        wait_for(lambda: replica.hget(job.key, 'lease_execution') == execution, 15, what='the grant on the replica')
+        self.proxy.hold_downstream()
+        return execution
 
     def close(self) -> None:
         self.fleet.close()
@@ -190,9 +199,7 @@ def test_with_durability_an_outcome_the_failover_lost_is_written_again_on_the_ne
     job = queue.enqueue('tests.jobs.wait_for_file_then_record', str(log), 'o', str(release))
     worker = f.worker('outcome', env=DURABLE)
     wait_for(lambda: executions(log, 'o')[0] == 1, 30, what='the job running')
-    execution = client.hget(job.key, 'lease_execution')
-    wait_for(lambda: replica.hget(job.key, 'lease_execution') == execution, 15, what='the grant on the replica')
-    held_link.proxy.hold_downstream()
+    execution = held_link.hold_after_grant(job, client, replica)
     release.touch()
     wait_for(lambda: client.hget(job.key, 'status') == b'finished', 30, what='the outcome on the old primary')
     wait_for(lambda: 'no replica confirmed the success of job' in worker.output(), 30, what='the outcome unconfirmed')
@@ -229,9 +236,7 @@ def test_with_durability_a_failure_written_again_on_the_new_primary_spends_one_r
     job = queue.enqueue('tests.jobs.gated', str(log), 'f', str(release), 'raise', retry=Retry(max=3))
     worker = f.worker('retry', env=DURABLE)
     wait_for(lambda: log.exists(), 30, what='the first run under way')
-    execution = client.hget(job.key, 'lease_execution')
-    wait_for(lambda: replica.hget(job.key, 'lease_execution') == execution, 15, what='the grant on the replica')
-    held_link.proxy.hold_downstream()
+    held_link.hold_after_grant(job, client, replica)
     release.touch()
     wait_for(lambda: client.hget(job.key, 'retries_left') == b'2', 30, what='the failure on the old primary')
     wait_for(lambda: 'no replica confirmed the failure of job' in worker.output(), 30, what='the failure unconfirmed')
