@@ -94,7 +94,6 @@ class OutcomeWriter:
         what: str,
         write: Callable[[], object],
         give_up: float,
-        rewrite: Callable[[], object] | None = None,
         confirm: bool = True,
     ) -> OutcomeRefused | None:
         """Run ``write`` (RQ's recording of the ``what`` of ``job``), fenced, riding out an outage
@@ -108,16 +107,15 @@ class OutcomeWriter:
         landed. On a connection error it waits with exponential backoff and tries again; a
         first attempt that landed after all makes the next one find the lease gone ("gone"),
         which is logged as landed: an outcome is never written twice. With durability on,
-        the outcome that landed is then confirmed (:meth:`confirm`; ``rewrite``, default
-        ``write``, writes it again on a new primary), unless ``confirm`` is False (a step
-        that the job's final outcome follows, and whose confirmation covers).
+        the outcome that landed is then confirmed (:meth:`confirm`, which calls ``write``
+        again on a new primary), unless ``confirm`` is False (a step that the job's final
+        outcome follows, and whose confirmation covers).
 
         Raises:
             redis.exceptions.ConnectionError: the server did not come back before ``give_up``.
         """
         adopt(job)
         write = _from_the_start(job, write)
-        rewrite = write if rewrite is None else _from_the_start(job, rewrite)
         failures = 0
 
         def unreachable(exc: Exception, attempt: int) -> None:
@@ -138,7 +136,7 @@ class OutcomeWriter:
         except OutcomeRefused as refusal:
             if failures and refusal.reason == 'gone':
                 self.log.info('Worker %s: %s of job %s was recorded before the outage', self.name, what, job.id)
-                return self.confirm(job, what, rewrite, give_up) if confirm else None
+                return self.confirm(job, what, write, give_up) if confirm else None
             return refusal
         if failures:
             self.log.warning(
@@ -148,7 +146,7 @@ class OutcomeWriter:
                 job.id,
                 failures + 1,
             )
-        return self.confirm(job, what, rewrite, give_up) if confirm else None
+        return self.confirm(job, what, write, give_up) if confirm else None
 
     def confirm(self, job: RQJob, what: str, write: Callable[[], object], give_up: float) -> OutcomeRefused | None:
         """Wait until replicas confirm the ``what`` of ``job`` that just landed; None once they do.

@@ -1024,7 +1024,7 @@ class Worker(RQWorker):
                 self.execution = execution
             return write()
 
-        refusal = self.outcomes.write(job, what, attempt, time.monotonic() + self.outcome_retry_limit, attempt, confirm)
+        refusal = self.outcomes.write(job, what, attempt, time.monotonic() + self.outcome_retry_limit, confirm=confirm)
         if refusal is not None:
             self.outcome_refused(job, what, refusal)
 
