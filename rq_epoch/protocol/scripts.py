@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -76,14 +76,22 @@ def raise_typed(exc: ResponseError) -> NoReturn:
 
 @dataclass(frozen=True)
 class ServerScript:
-    """One server-side verb: its source (helpers pasted in) and its SHA1."""
+    """One server-side verb: its source (helpers pasted in) and its SHA1.
+
+    Built with :meth:`read`, which hashes the source once per process, when the script is
+    first needed: a worker loads every script at start, so its work-horses (forks of it)
+    call them by SHA without hashing the source for each job.
+    """
 
     name: str
     source: str
+    sha: str
 
-    @cached_property
-    def sha(self) -> str:
-        return hashlib.sha1(self.source.encode('utf-8')).hexdigest()
+    @classmethod
+    def read(cls, name: str) -> ServerScript:
+        """The script ``lua/<name>.lua``, its helpers pasted in."""
+        source = _expand(_read(f'{name}.lua'))
+        return cls(name, source, hashlib.sha1(source.encode('utf-8')).hexdigest())
 
     def load(self, connection: Redis) -> None:
         """Load the script into the server's script cache."""
@@ -110,7 +118,7 @@ class ServerScript:
 
 @cache
 def _script(name: str) -> ServerScript:
-    return ServerScript(name, _expand(_read(f'{name}.lua')))
+    return ServerScript.read(name)
 
 
 def _verb(name: str) -> Callable[[], ServerScript]:
