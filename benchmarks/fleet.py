@@ -108,6 +108,9 @@ class Snapshot:
 
     at: float
     cpu: float
+    #: The part of ``cpu`` spent in the kernel (``used_cpu_sys``): reading requests, writing
+    #: replies and waking the clients they go to.
+    system_cpu: float
     commands: int
     #: Requests the server read (``total_reads_processed``: a pipeline or a transaction sent
     #: at once is one), the benchmark's own left out: the clients' round trips.
@@ -157,6 +160,7 @@ class Probe:
         snap = Snapshot(
             at=time.monotonic(),
             cpu=float(info['used_cpu_sys']) + float(info['used_cpu_user']),
+            system_cpu=float(info['used_cpu_sys']),
             commands=int(info['total_commands_processed']) - sum(self.own.values()),
             reads=int(info['total_reads_processed']) - self.own_reads,
             connections=int(info['connected_clients']) - 1,
@@ -199,6 +203,7 @@ def window(a: Snapshot, b: Snapshot) -> dict[str, Any]:
     return {
         'seconds': b.at - a.at,
         'cpu': b.cpu - a.cpu,
+        'system_cpu': b.system_cpu - a.system_cpu,
         'commands': b.commands - a.commands,
         'reads': b.reads - a.reads,
         'scripts': sum(c for n, (c, _u) in per_command.items() if n in SCRIPT_COMMANDS),
@@ -217,6 +222,7 @@ def measure(probe: Probe, queues: Sequence[Queue], sizes: dict[str, Any]) -> dic
     idle = window(a, b)
     cpu_rate, commands_rate = idle['cpu'] / idle['seconds'], idle['commands'] / idle['seconds']
     reads_rate, scripts_rate = idle['reads'] / idle['seconds'], idle['scripts'] / idle['seconds']
+    system_rate = idle['system_cpu'] / idle['seconds']
     ids, interval = [], 1.0 / sizes['rate']
     next_at = time.perf_counter()
     for i in range(sizes['jobs']):
@@ -240,6 +246,8 @@ def measure(probe: Probe, queues: Sequence[Queue], sizes: dict[str, Any]) -> dic
         'clients': b.clients,
         'jobs_seconds': round(busy['seconds'], 2),
         'cpu_ms_per_job': round((busy['cpu'] - cpu_rate * busy['seconds']) * 1000.0 / n, 3),
+        # Of which in the kernel: it grows with the requests and the clients woken per job.
+        'system_cpu_ms_per_job': round((busy['system_cpu'] - system_rate * busy['seconds']) * 1000.0 / n, 3),
         'commands_per_job': round((busy['commands'] - commands_rate * busy['seconds']) / n, 1),
         # Script calls (EVALSHA) and requests (round trips) per job above the idle rate; the
         # requests include the enqueue's (one per job, both sides).
@@ -376,6 +384,7 @@ FIGURES = (
     'idle_commands_per_second',
     'connections',
     'cpu_ms_per_job',
+    'system_cpu_ms_per_job',
     'commands_per_job',
     'scripts_per_job',
     'requests_per_job',
@@ -386,7 +395,7 @@ def compare(stock: dict[str, Any], epoch: dict[str, Any]) -> dict[str, Any]:
     """One cell: both sides' figures and the ratios rq-epoch / stock."""
     out: dict[str, Any] = {'workers': stock['workers'], 'queues': stock['queues'], STOCK: stock, EPOCH: epoch}
     out['ratio'] = {f: ratio(epoch[f], stock[f]) for f in FIGURES}
-    for f in ('cpu_ms_per_job', 'commands_per_job', 'requests_per_job'):
+    for f in ('cpu_ms_per_job', 'system_cpu_ms_per_job', 'commands_per_job', 'requests_per_job'):
         if min(epoch[f], stock[f]) <= 0:  # less than the idle rate: the clients could not keep up, no figure
             out['ratio'][f] = None
     out['ratio']['pickup_p50'] = ratio(epoch['pickup']['p50_ms'], stock['pickup']['p50_ms'])
@@ -487,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f'  {w:>4} × {n_queues:<2} {side:<8}  idle {r["idle_cpu_ms_per_second"]:7.2f} ms/s '
                     f'{r["idle_commands_per_second"]:8.1f} cmd/s {r["connections"]:5} conns; per job '
-                    f'{r["cpu_ms_per_job"]:6.2f} ms {r["commands_per_job"]:7.1f} cmds; pickup p50 '
+                    f'{r["cpu_ms_per_job"]:6.2f} ms ({r["system_cpu_ms_per_job"]:5.2f} in the kernel) '
+                    f'{r["commands_per_job"]:7.1f} cmds; pickup p50 '
                     f'{r["pickup"]["p50_ms"]:6.1f} ms; {r["scripts_per_job"]:5.2f} scripts '
                     f'{r["requests_per_job"]:6.2f} requests per job; load {r["load_average"]}  ok={r["ok"]}',
                     file=sys.stderr,

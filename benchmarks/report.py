@@ -270,6 +270,8 @@ def pickup_section(doc: dict[str, Any]) -> str:
 def _pair(cell: dict[str, Any], figure: str, ratio_key: str | None = None) -> str:
     """``stock → rq-epoch (ratio×)`` of one figure of a fleet cell."""
     stock, epoch = cell[STOCK], cell[EPOCH]
+    if figure not in stock and not figure.startswith('pickup_'):  # a run from before the figure existed
+        return '–'
     if figure.startswith('pickup_'):
         s, e = stock['pickup'][f'{figure[7:]}_ms'], epoch['pickup'][f'{figure[7:]}_ms']
     else:
@@ -290,6 +292,7 @@ def fleet_section(doc: dict[str, Any]) -> str:
         'idle commands/s',
         'connections',
         'server CPU per job ms',
+        'of which in the kernel ms',
         'commands per job',
         'script calls per job',
         'requests per job',
@@ -305,7 +308,16 @@ def fleet_section(doc: dict[str, Any]) -> str:
         rows.append(
             [label]
             + [_pair(cell, f) for f in ('idle_cpu_ms_per_second', 'idle_commands_per_second', 'connections')]
-            + [_pair(cell, f) for f in ('cpu_ms_per_job', 'commands_per_job', 'scripts_per_job', 'requests_per_job')]
+            + [
+                _pair(cell, f)
+                for f in (
+                    'cpu_ms_per_job',
+                    'system_cpu_ms_per_job',
+                    'commands_per_job',
+                    'scripts_per_job',
+                    'requests_per_job',
+                )
+            ]
             + [_pair(cell, f) for f in ('pickup_p50', 'pickup_p99')]
             + [f'{_fmt(cell[STOCK].get("load_average"))} / {_fmt(cell[EPOCH].get("load_average"))}']
         )
