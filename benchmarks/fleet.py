@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import redis
@@ -391,6 +392,27 @@ FIGURES = (
 )
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side of a cell from its repeated fleets: the median of each figure (and of each
+    pickup percentile); the fleets themselves are kept under ``repeats``. One fleet stands as it is.
+
+    A ratio of one pair of fleets moves by more than the targets' margins on a shared machine
+    (stock's own server CPU per job has moved by a third between runs of the same code); the
+    median of a few pairs, run in alternating order, is steadier.
+    """
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[-1])
+    for figure in (*FIGURES, 'load_average'):
+        values = [r[figure] for r in runs]
+        middle = median(values)
+        out[figure] = round(middle) if all(isinstance(v, int) for v in values) else round(middle, 3)
+    out['pickup'] = {k: round(median(r['pickup'][k] for r in runs), 2) for k in runs[0]['pickup']}
+    out['ok'] = all(r['ok'] for r in runs)
+    out['repeats'] = runs
+    return out
+
+
 def compare(stock: dict[str, Any], epoch: dict[str, Any]) -> dict[str, Any]:
     """One cell: both sides' figures and the ratios rq-epoch / stock."""
     out: dict[str, Any] = {'workers': stock['workers'], 'queues': stock['queues'], STOCK: stock, EPOCH: epoch}
@@ -470,7 +492,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument('--rate', type=float, default=20.0, help='jobs enqueued per second (default 20)')
     p.add_argument('--idle-seconds', type=float, default=None, help='idle window (default 20; quick 5)')
     p.add_argument('--simulated', type=int, default=None, help='simulated waiters, 0: none (default 1000; quick 20)')
+    p.add_argument(
+        '--repeat',
+        type=int,
+        default=1,
+        help="fleets per side and cell, the order alternating; each side's figures are their medians (default 1)",
+    )
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error('--repeat must be at least 1')
     q = args.quick
     sizes = {
         'settle': 1.0 if q else SWEEP_INTERVAL + 1.0,
@@ -489,21 +519,23 @@ def main(argv: list[str] | None = None) -> int:
     cells, sims = [], []
     with tempfile.TemporaryDirectory(prefix='rq-epoch-fleet-') as tmp:
         for index, (w, n_queues) in enumerate(grid):
-            runs = {}
-            for side in (STOCK, EPOCH) if index % 2 == 0 else (EPOCH, STOCK):
-                runs[side] = real_fleet(args.server, side, w, n_queues, sizes, Path(tmp) / f'{w}x{n_queues}-{side}.log')
-                r = runs[side]
-                print(
-                    f'  {w:>4} × {n_queues:<2} {side:<8}  idle {r["idle_cpu_ms_per_second"]:7.2f} ms/s '
-                    f'{r["idle_commands_per_second"]:8.1f} cmd/s {r["connections"]:5} conns; per job '
-                    f'{r["cpu_ms_per_job"]:6.2f} ms ({r["system_cpu_ms_per_job"]:5.2f} in the kernel) '
-                    f'{r["commands_per_job"]:7.1f} cmds; pickup p50 '
-                    f'{r["pickup"]["p50_ms"]:6.1f} ms; {r["scripts_per_job"]:5.2f} scripts '
-                    f'{r["requests_per_job"]:6.2f} requests per job; load {r["load_average"]}  ok={r["ok"]}',
-                    file=sys.stderr,
-                    flush=True,
-                )
-            cells.append(compare(runs[STOCK], runs[EPOCH]))
+            repeats: dict[str, list[dict[str, Any]]] = {STOCK: [], EPOCH: []}
+            for turn in range(args.repeat):
+                for side in (STOCK, EPOCH) if (index + turn) % 2 == 0 else (EPOCH, STOCK):
+                    log = Path(tmp) / f'{w}x{n_queues}-{side}-{turn}.log'
+                    r = real_fleet(args.server, side, w, n_queues, sizes, log)
+                    repeats[side].append(r)
+                    print(
+                        f'  {w:>4} × {n_queues:<2} {side:<8}  idle {r["idle_cpu_ms_per_second"]:7.2f} ms/s '
+                        f'{r["idle_commands_per_second"]:8.1f} cmd/s {r["connections"]:5} conns; per job '
+                        f'{r["cpu_ms_per_job"]:6.2f} ms ({r["system_cpu_ms_per_job"]:5.2f} in the kernel) '
+                        f'{r["commands_per_job"]:7.1f} cmds; pickup p50 '
+                        f'{r["pickup"]["p50_ms"]:6.1f} ms; {r["scripts_per_job"]:5.2f} scripts '
+                        f'{r["requests_per_job"]:6.2f} requests per job; load {r["load_average"]}  ok={r["ok"]}',
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            cells.append(compare(median_run(repeats[STOCK]), median_run(repeats[EPOCH])))
         if simulated:
             n_queues = max(n for _w, n in grid)
             runs = {
@@ -515,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_all = [c[side] for c in cells + sims for side in (STOCK, EPOCH)]
     doc = {
         'quick': q,
+        'repeat': args.repeat,
         'server': runs_all[0]['server'] if runs_all else args.server,
         'sizes': sizes,
         'simulated_sizes': simulated_sizes,

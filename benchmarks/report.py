@@ -327,6 +327,11 @@ def fleet_section(doc: dict[str, Any]) -> str:
         f'\n\nIdle window {sizes["idle"]:g} s; {sizes["jobs"]} no-op jobs at {sizes["rate"]:g}/s '
         f'({sim["jobs"]} at {sim["rate"]:g}/s for the simulated fleet), costs above the idle rate.'
     )
+    if doc.get('repeat', 1) > 1:
+        out += (
+            f' Each real cell ran {doc["repeat"]} fleets per side, in alternating order; the figures are'
+            " each side's medians, the ratios theirs."
+        )
     for cell in doc['simulated']:
         busy = {
             side: f'{cell[side]["clients_cpu_percent_idle"]:g} / {cell[side]["clients_cpu_percent_jobs"]:g}'

@@ -138,6 +138,25 @@ def test_fleet_benchmark_measures_both_sides_of_every_fleet(results_dir: Path) -
         assert cell['stock']['clients']['blocked_clients'] == cell['workers']  # stock waits in BLPOP
 
 
+def test_a_repeated_fleet_cell_reports_each_sides_median_and_keeps_every_fleet() -> None:
+    """``--repeat``: a side's figures are the medians of its fleets, which are kept beside them."""
+    from benchmarks.fleet import FIGURES, median_run
+
+    def fleet(cpu: float, connections: int, p50: float) -> dict:
+        run = {figure: 1.0 for figure in FIGURES}
+        run.update(cpu_ms_per_job=cpu, connections=connections, load_average=1.0, ok=True)
+        run['pickup'] = {'p50_ms': p50, 'p99_ms': 2 * p50}
+        return run
+
+    runs = [fleet(3.0, 9, 12.0), fleet(2.0, 9, 14.0), fleet(2.5, 9, 11.0)]
+    side = median_run(runs)
+    assert side['cpu_ms_per_job'] == 2.5
+    assert side['connections'] == 9 and isinstance(side['connections'], int)
+    assert side['pickup'] == {'p50_ms': 12.0, 'p99_ms': 24.0}
+    assert side['repeats'] == runs
+    assert median_run(runs[:1]) is runs[0]
+
+
 def test_bulk_fixture_matches_real_workers_killed_mid_job() -> None:
     differences = fixture.validate('valkey', n_jobs=2)
     assert differences == {'stock': [], 'rq-epoch': []}
