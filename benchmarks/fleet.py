@@ -393,8 +393,9 @@ FIGURES = (
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One side of a cell from its repeated fleets: the median of each figure (and of each
-    pickup percentile); the fleets themselves are kept under ``repeats``. One fleet stands as it is.
+    """One side of a cell from its repeated fleets: the median of each compared figure and of
+    each pickup percentile; the rest (the busiest commands, the calls per job) is the last
+    fleet's, and the fleets themselves are kept under ``repeats``. One fleet stands as it is.
 
     A ratio of one pair of fleets moves by more than the targets' margins on a shared machine
     (stock's own server CPU per job has moved by a third between runs of the same code); the
