@@ -13,7 +13,7 @@ The paths:
 * several queues, one worker: the ``take`` script takes it, and the worker watches alone;
 * with a watcher: an idle fleet on several queues; the watcher takes the job and hands
   the watch on to a waiter in the same script, and the waiter claims it (a plain
-  ``SET NX``, no script);
+  ``SET NX``, no script, sent with its read of the queues);
 * after a hand-over: the next job, taken by the worker the watch was handed to.
 
 The numbers asserted are the ones the code reaches: a change that adds a script call or a
@@ -61,6 +61,15 @@ class Traffic:
             if parts and parts[0].upper() == 'EVALSHA':
                 calls[_NAMES.get(parts[1].lower(), parts[1])] += 1
         return calls
+
+    def sent_next(self, name: str) -> list[str]:
+        """For each ``name`` command, the name of the next command its client sent ('' if none)."""
+        names = [(client, line.split()[0].upper() if line else '') for client, line in self.commands]
+        return [
+            next((later for other, later in names[at + 1 :] if other == client), '')
+            for at, (client, command) in enumerate(names)
+            if command == name
+        ]
 
     def by_name(self) -> Counter[str]:
         """Requests by command name (a transaction's commands each count, as the server reads them)."""
@@ -203,8 +212,8 @@ def test_with_a_watcher_and_after_a_hand_over(conn, start_worker) -> None:
 
     Two takes: the watcher's (it moves the job and wakes a waiter) and the one of the worker
     back from the job (it finds none, and waits); the woken waiter claims the watch with a
-    plain ``SET NX`` and reads the queues, no script; the grant and the commit ride in RQ's
-    own transactions.
+    plain ``SET NX``, sent with its read of the queues on its tracking connection, no script;
+    the grant and the commit ride in RQ's own transactions.
     """
     fleet = start_fleet(conn, start_worker, 4)
     for path in ('with a watcher', 'after a hand-over'):
@@ -212,6 +221,8 @@ def test_with_a_watcher_and_after_a_hand_over(conn, start_worker) -> None:
         traffic = run_one(conn, QUEUES[0], fleet_settled(conn, fleet, first))
         assert traffic.scripts() == Counter({'take': 2, 'grant': 1, 'commit': 1}), (path, traffic.scripts())
         assert traffic.by_name()['SET'] == 1, (path, traffic.by_name())  # the woken waiter's claim
+        # ... sent with its read of the queues, on its tracking connection
+        assert traffic.sent_next('SET') == ['EXISTS'], (path, traffic.commands)
         assert holder_of(conn, fleet, keys.watch_key(SET_ID)) is not first, path
 
 

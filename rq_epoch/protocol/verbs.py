@@ -428,12 +428,29 @@ def watch(connection: Redis, keys: list[str], args: list[Any]) -> Role:
     return Role(int(scripts.watch()(connection, keys, args)))
 
 
-def claim_free_watch(connection: Redis, watch_key: str, token: str, ttl_ms: int) -> bool:
-    """Claim a watch that nobody holds, the claim of a waiter that a token woke (the watcher
-    that handed the watch on deleted its key): one ``SET NX PX``, the same write as a
-    take's claim (see ``lua/_watch.lua``). True when the caller now holds the watch,
-    False when another worker claimed it first."""
-    return bool(connection.set(watch_key, token, nx=True, px=ttl_ms))
+def claim_free_watch_command(watch_key: str, token: str, ttl_ms: int) -> tuple[str | int, ...]:
+    """The command that claims a watch nobody holds, the claim of a waiter that a token woke
+    (the watcher that handed the watch on deleted its key): ``SET NX PX``, the same write as
+    a take's claim (see ``lua/_watch.lua``). The waiter sends it with its first read of the
+    queues (:meth:`rq_epoch.worker.take.Waker.claim_handed_on`); :class:`HandedOnClaim`
+    reads the replies."""
+    return ('SET', watch_key, token, 'NX', 'PX', ttl_ms)
+
+
+@dataclass(frozen=True)
+class HandedOnClaim:
+    """What a waiter woken by a token found when it claimed the watch handed on and read the
+    queues (:func:`claim_free_watch_command`, then ``EXISTS`` of every queue)."""
+
+    #: The waiter holds the watch now; False when another worker claimed it first.
+    claimed: bool
+    #: A queue had jobs when the waiter read them (the read that armed tracking).
+    jobs_waiting: bool
+
+    @classmethod
+    def read(cls, set_reply: Any, exists_reply: int) -> HandedOnClaim:
+        """Decode ``SET NX``'s reply (OK, or nil when the key was held) and ``EXISTS``'s count."""
+        return cls(claimed=set_reply is not None, jobs_waiting=int(exists_reply) > 0)
 
 
 @dataclass(frozen=True)

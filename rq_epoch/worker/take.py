@@ -26,10 +26,11 @@ place goes with the take, in the same script: a take that finds no job claims th
 when nobody holds it, and a take that moves a job hands the watch on (its key deleted,
 one token pushed on the baton list). An enqueue wakes the watcher alone; its take moves
 the job and wakes the one waiter that pops the token. That waiter claims the free watch
-with one ``SET NX`` (no take: its first read of the queues as the watcher, which arms
-tracking, says whether a job waits; when another worker claimed the watch first, it takes
-again, which gives it its turn). An enqueue thus makes at most two workers read the queues (the
-watcher, and the waiter it hands on to), however many wait.
+with one ``SET NX``, sent together with its first read of the queues as the watcher on its
+tracking connection (no take: the read, which arms tracking, says whether a job waits; when
+another worker claimed the watch first, it takes again, which gives it its turn). An
+enqueue thus makes at most two workers read the queues (the watcher, and the waiter it
+hands on to), however many wait.
 
 A watcher that dies stops refreshing its key, and the key expires after its TTL (half a
 sweep interval). The waiters take turns to look: the take that leaves a worker waiting
@@ -172,17 +173,46 @@ class Waker:
             redis.exceptions.ConnectionError: the connection failed (it is closed).
         """
         try:
-            connection = self._connection
-            if connection is None:
-                connection = self._connect()
-            else:
-                self._drain(connection)
+            connection = self._drained()
             connection.send_command('EXISTS', *queue_keys)
             existing = self._reply(connection)
         except BaseException:
             self.close()
             raise
         return existing > 0
+
+    def claim_handed_on(
+        self, watch_key: str, token: str, ttl_ms: int, queue_keys: Sequence[str]
+    ) -> verbs.HandedOnClaim:
+        """Claim the watch a token said was handed on, and :meth:`arm`, in one request.
+
+        The waiter that a token woke claims the free watch with ``SET NX``
+        (:func:`rq_epoch.protocol.verbs.claim_free_watch_command`) and reads the queues as the
+        watcher; both go together on this connection, the read arming tracking as in
+        :meth:`arm`. When another worker claimed the watch first, tracking is armed all the
+        same, and the next :meth:`arm` drops what it sent.
+
+        Raises:
+            redis.exceptions.ResponseError: the server refused the claim (the connection is closed).
+            redis.exceptions.ConnectionError: the connection failed (it is closed).
+        """
+        try:
+            connection = self._drained()
+            claim = verbs.claim_free_watch_command(watch_key, token, ttl_ms)
+            connection.send_packed_command(connection.pack_commands([claim, ('EXISTS', *queue_keys)]))
+            set_reply = connection.read_response()  # the parser passes over invalidations
+            existing = self._reply(connection)
+        except BaseException:
+            self.close()
+            raise
+        return verbs.HandedOnClaim.read(set_reply, existing)
+
+    def _drained(self) -> AbstractConnection:
+        """The connection, opened now, or with the wake-ups received so far dropped."""
+        if self._connection is None:
+            return self._connect()
+        self._drain(self._connection)
+        return self._connection
 
     def wait(self, seconds: float) -> bool:
         """Block up to ``seconds`` for a wake-up; True when one came (it is consumed)."""
@@ -523,8 +553,12 @@ class Taker:
                     return True  # the watcher's refresh found the watch taken: the take gives a turn
                 if self._wait_for_baton(set_id, min(remaining, turn_at - time.monotonic())):
                     self.counters.wakeups += 1
-                    if self._claim_handed_on(set_id):
-                        continue  # the watcher now: its read of the queues says whether a job waits
+                    claim = self._claim_handed_on(set_id, queue_keys)
+                    if claim.claimed:
+                        if claim.jobs_waiting:
+                            return True  # the watcher now, and a job waits: take it
+                        armed = True
+                        continue  # the watcher now, tracking armed by its read of the queues
                 # This waiter's turn, or a token whose watch another worker claimed first: take
                 # again, which claims the watch if nobody holds it (its watcher died and its
                 # key expired), or gives this waiter its next turn.
@@ -602,20 +636,21 @@ class Taker:
             self._turn_at = None  # the next take gives it a turn
         return role
 
-    def _claim_handed_on(self, set_id: str) -> bool:
+    def _claim_handed_on(self, set_id: str, queue_keys: Sequence[str]) -> verbs.HandedOnClaim:
         """Claim the watch that a token says was handed on (its key deleted by the take that
-        moved a job): one ``SET NX``, no script, and no take, as the watcher's first read of
-        the queues (which arms tracking) says whether a job waits. False when another
-        worker claimed it first."""
+        moved a job), and read the queues as the watcher: one request on the tracking
+        connection (:meth:`Waker.claim_handed_on`), no script and no take, as that read says
+        whether a job waits."""
+        assert self._waker is not None
         try:
-            claimed = verbs.claim_free_watch(self.connection, keys.watch_key(set_id), self.name, self._ttl_ms)
+            claim = self._waker.claim_handed_on(keys.watch_key(set_id), self.name, self._ttl_ms, queue_keys)
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
-        if claimed:
+        if claim.claimed:
             self.counters.claims += 1
             self._placed(set_id, Role.WATCHER)
-        return claimed
+        return claim
 
     def _watch_script(self, action: str, set_id: str) -> Role:
         """Call ``watch.lua``: the watcher's refresh (claim), or the place it left (leave)."""
