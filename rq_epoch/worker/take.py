@@ -190,7 +190,7 @@ class Waker:
         (:func:`rq_epoch.protocol.verbs.claim_free_watch_command`) and reads the queues as the
         watcher; both go together on this connection, the read arming tracking as in
         :meth:`arm`. When another worker claimed the watch first, tracking is armed all the
-        same, and the next :meth:`arm` drops what it sent.
+        same; the next :meth:`arm` drops the invalidations that come of it.
 
         Raises:
             redis.exceptions.ResponseError: the server refused the claim (the connection is closed).
