@@ -104,38 +104,37 @@ def latency_section(doc: dict[str, Any]) -> str:
 
 
 def throughput_section(doc: dict[str, Any]) -> str:
-    """worker_throughput: jobs per second per side, and the ratio."""
+    """worker_throughput: jobs per second per side (and per part left out, with ``--parts``), and the ratios."""
     s = doc['summary']
     n = doc['runs'][0]['n'] if doc['runs'] else 0
-    runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in (STOCK, EPOCH)}
+    parts = [key for key, value in s.items() if isinstance(value, dict) and key not in (STOCK, EPOCH)]
+    sides = [STOCK, EPOCH, *parts]
+    runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in sides}
+    figures = (
+        'reads_per_job',
+        'commands_per_job',
+        'scripts_per_job',
+        'worker_cpu_ms_per_job',
+        'page_faults_per_job',
+        'server_cpu_ms_per_job',
+        'script_server_ms_per_job',
+    )
+    ratios = ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
     rows = [
         [
             f'`rq worker` ({side}, {runs[side]} runs)',
             s[side]['jobs_per_second'],
             s[side]['steady_jobs_per_second'],
-            s[side]['reads_per_job'],
-            s[side]['commands_per_job'],
-            s[side].get('scripts_per_job'),
-            s[side].get('worker_cpu_ms_per_job'),
-            s[side].get('page_faults_per_job'),
-            s[side].get('server_cpu_ms_per_job'),
+            *(s[side].get(figure) for figure in figures),
         ]
-        for side in (STOCK, EPOCH)
+        for side in sides
     ]
-    rows.append(
-        [
-            'ratio rq-epoch / stock',
-            s['ratio'],
-            s['steady_ratio'],
-            None,
-            None,
-            None,
-            *(
-                s.get(f'{key}_ratio')
-                for key in ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
-            ),
-        ]
-    )
+
+    def ratio_row(label: str, of: dict[str, Any], steady: Any) -> list[Any]:
+        return [label, of['ratio'], steady, None, None, None, *(of.get(f'{k}_ratio') for k in ratios), None]
+
+    rows.append(ratio_row('ratio rq-epoch / stock', s, s['steady_ratio']))
+    rows += [ratio_row(f'ratio {side} / stock', s[side], None) for side in parts]
     headers = [f'{n:,} no-op jobs, fork per job', 'jobs/s (whole run)', 'jobs/s (first start to last end)']
     load = f'\n\nLoad average (1 min) at the end: {doc["load_average"]}.' if 'load_average' in doc else ''
     return (
@@ -149,6 +148,7 @@ def throughput_section(doc: dict[str, Any]) -> str:
                 'worker + work-horse CPU ms / job',
                 'page faults / job',
                 'server CPU ms / job',
+                'of which in scripts ms / job',
             ],
             rows,
         )

@@ -20,9 +20,19 @@ work-horses together (``RUSAGE_CHILDREN`` of this process: the worker reaps each
 per job; and the server's CPU per job (``INFO cpu``). A work-horse is a forked copy of the
 worker, so each page either of them writes while the other lives is copied: a fault.
 
+The server's time inside script calls (``INFO commandstats``: the ``usec`` of ``EVALSHA`` and
+``EVAL``, the commands the scripts run included) is reported per job too: it is the part of
+the server's time that rq-epoch's grant and fenced commit add.
+
+With ``--parts``, two more sides run in the same alternating order, each leaving one part of
+rq-epoch out (:mod:`benchmarks.parts`): stock RQ's worker in a process that imported rq-epoch
+(the size of the process a fork copies), and rq-epoch's worker without the fence (its outcomes
+sent as RQ's own transaction). What each part costs is then its side's distance to stock.
+
 Only the forking workers are compared (``rq_epoch.SimpleWorker`` runs jobs in-process).
 
     python -m benchmarks.worker_throughput          # 2,000 jobs per run, 6 runs
+    python -m benchmarks.worker_throughput --parts  # and 3 runs of each part left out
     python -m benchmarks.worker_throughput --quick  # 30 jobs, 2 runs
 """
 
@@ -45,6 +55,7 @@ from rq_epoch.protocol import keys
 
 from .fixture import enqueue_jobs
 from .harness import EPOCH, STOCK, parser, ratio, run_burst_worker, server, server_version, worker_argv, worker_env
+from .parts import PARTS
 from .report import finish
 
 NAME = 'worker_throughput'
@@ -52,6 +63,23 @@ QUEUE = 'bench'
 TARGET = 0.97
 ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK, STOCK, EPOCH)
 ORDER_QUICK = (STOCK, EPOCH)
+BESIDE, UNFENCED = PARTS
+ORDER_PARTS = (STOCK, EPOCH, UNFENCED, BESIDE, BESIDE, UNFENCED, EPOCH, STOCK, STOCK, EPOCH, UNFENCED, BESIDE)
+ORDER_PARTS_QUICK = (STOCK, EPOCH, UNFENCED, BESIDE)
+#: What the summary reports for each side (the mean over its runs), and its decimals.
+FIGURES = {
+    'jobs_per_second': 1,
+    'steady_jobs_per_second': 1,
+    'reads_per_job': 2,
+    'commands_per_job': 2,
+    'scripts_per_job': 2,
+    'worker_cpu_ms_per_job': 3,
+    'page_faults_per_job': 1,
+    'server_cpu_ms_per_job': 3,
+    'script_server_ms_per_job': 3,
+}
+#: Figures whose rq-epoch / stock ratio the summary gives.
+RATIOS = ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
 
 
 def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
@@ -65,10 +93,12 @@ def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
     return max(ends) - min(starts) if starts and ends else 0.0
 
 
-def script_calls(conn: redis.Redis) -> int:
-    """Script calls (``EVALSHA``, ``EVAL``) the server ran so far (``INFO commandstats``)."""
+def script_calls(conn: redis.Redis) -> tuple[int, float]:
+    """Script calls (``EVALSHA``, ``EVAL``) the server ran so far, and the seconds it spent in
+    them, the commands they ran included (``INFO commandstats``)."""
     stats = conn.info('commandstats')
-    return sum(int(stats.get(f'cmdstat_{name}', {}).get('calls', 0)) for name in ('evalsha', 'eval'))
+    mine = [stats.get(f'cmdstat_{name}', {}) for name in ('evalsha', 'eval')]
+    return sum(int(s.get('calls', 0)) for s in mine), sum(int(s.get('usec', 0)) for s in mine) / 1e6
 
 
 def server_cpu(conn: redis.Redis) -> float:
@@ -80,17 +110,22 @@ def server_cpu(conn: redis.Redis) -> float:
 def one_run(
     conn: redis.Redis, url: str, side: str, n: int, log_dir: Path, index: int, timeout: float
 ) -> dict[str, Any]:
-    """Enqueue ``n`` no-op jobs and drain them with one burst worker of ``side``."""
+    """Enqueue ``n`` no-op jobs and drain them with one burst worker of ``side`` (stock, rq-epoch,
+    or one of :data:`benchmarks.parts.PARTS`)."""
     conn.flushall()
     jobs = enqueue_jobs(conn, QUEUE, n, on_failure=False)
-    log = log_dir / f'{index}-{side}.log'
-    before, before_calls, before_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
+    log = log_dir / f'{index}-{side.replace(" ", "-")}.log'
+    if side in PARTS:
+        argv = worker_argv(url, STOCK, [QUEUE], '--burst', '--worker-class', PARTS[side])
+    else:
+        argv = worker_argv(url, side, [QUEUE], '--burst')
+    before, (before_calls, before_script), before_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
     before_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    rc = run_burst_worker(worker_argv(url, side, [QUEUE], '--burst'), worker_env(), log, timeout)
+    rc = run_burst_worker(argv, worker_env(), log, timeout)
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    after, after_calls, after_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
+    after, (after_calls, after_script), after_cpu = conn.info('stats'), script_calls(conn), server_cpu(conn)
     worker_cpu = usage.ru_utime + usage.ru_stime - before_usage.ru_utime - before_usage.ru_stime
     finished = FinishedJobRegistry(QUEUE, connection=conn).count
     steady = steady_seconds(conn, jobs.job_ids)
@@ -113,28 +148,26 @@ def one_run(
         'worker_cpu_ms_per_job': round(worker_cpu / n * 1000, 3),
         'page_faults_per_job': round((usage.ru_minflt - before_usage.ru_minflt) / n, 1),
         'server_cpu_ms_per_job': round((after_cpu - before_cpu) / n * 1000, 3),
+        'script_server_ms_per_job': round((after_script - before_script) / n * 1000, 3),
     }
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean rates per side and the ratio rq-epoch / stock."""
+    """Mean figures per side, the ratio rq-epoch / stock, and each part's ratios to stock."""
     out: dict[str, Any] = {}
-    for side in (STOCK, EPOCH):
+    sides = [side for side in (STOCK, EPOCH, *PARTS) if any(r['side'] == side for r in runs)]
+    for side in sides:
         mine = [r for r in runs if r['side'] == side]
-        out[side] = {
-            'jobs_per_second': round(mean(r['jobs_per_second'] for r in mine), 1),
-            'steady_jobs_per_second': round(mean(r['steady_jobs_per_second'] or 0 for r in mine), 1),
-            'reads_per_job': round(mean(r['reads_per_job'] for r in mine), 2),
-            'commands_per_job': round(mean(r['commands_per_job'] for r in mine), 2),
-            'scripts_per_job': round(mean(r['scripts_per_job'] for r in mine), 2),
-            'worker_cpu_ms_per_job': round(mean(r['worker_cpu_ms_per_job'] for r in mine), 3),
-            'page_faults_per_job': round(mean(r['page_faults_per_job'] for r in mine), 1),
-            'server_cpu_ms_per_job': round(mean(r['server_cpu_ms_per_job'] for r in mine), 3),
-        }
+        out[side] = {figure: round(mean(r[figure] or 0 for r in mine), digits) for figure, digits in FIGURES.items()}
     out['ratio'] = ratio(out[EPOCH]['jobs_per_second'], out[STOCK]['jobs_per_second'])
     out['steady_ratio'] = ratio(out[EPOCH]['steady_jobs_per_second'], out[STOCK]['steady_jobs_per_second'])
-    for key in ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job'):
+    for key in RATIOS:
         out[f'{key}_ratio'] = ratio(out[EPOCH][key], out[STOCK][key])
+    for side in sides:
+        if side in PARTS:
+            out[side]['ratio'] = ratio(out[side]['jobs_per_second'], out[STOCK]['jobs_per_second'])
+            for key in RATIOS:
+                out[side][f'{key}_ratio'] = ratio(out[side][key], out[STOCK][key])
     out['target'] = TARGET
     out['target_met'] = out['ratio'] is not None and out['ratio'] >= TARGET
     return out
@@ -144,16 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument('-n', type=int, default=None, help='jobs per run (default 2000; quick 30)')
     p.add_argument('--timeout', type=float, default=600.0, help='longest a run may take (s)')
+    p.add_argument(
+        '--parts', action='store_true', help='also run the workers that leave one part out (benchmarks.parts)'
+    )
     args = p.parse_args(argv)
     n = args.n or (30 if args.quick else 2000)
-    order = ORDER_QUICK if args.quick else ORDER_FULL
+    if args.parts:
+        order = ORDER_PARTS_QUICK if args.quick else ORDER_PARTS
+    else:
+        order = ORDER_QUICK if args.quick else ORDER_FULL
     with server(args.server) as srv, tempfile.TemporaryDirectory(prefix='rq-epoch-bench-') as tmp:
         conn = srv.client()
         runs = []
         for index, side in enumerate(order):
             runs.append(one_run(conn, srv.url, side, n, Path(tmp), index, args.timeout))
             print(
-                f'  run {index + 1}: {side:<8} {runs[-1]["jobs_per_second"]:8.1f} jobs/s  '
+                f'  run {index + 1}: {side:<21} {runs[-1]["jobs_per_second"]:8.1f} jobs/s  '
                 f'worker CPU {runs[-1]["worker_cpu_ms_per_job"]:6.2f} ms/job  load {os.getloadavg()[0]:.2f}  '
                 f'ok={runs[-1]["ok"]}',
                 flush=True,

@@ -122,6 +122,21 @@ def test_report_renders_every_section(results_dir: Path) -> None:
         assert heading in text
 
 
+def test_throughput_parts_each_leave_their_part_out_beside_stock(tmp_path: Path) -> None:
+    """``--parts``: the worker without the fence sends no commit script (its one script call
+    per job is the grant), RQ's worker beside rq-epoch's code none, and every side ran every job."""
+    doc = run_quick('worker_throughput', tmp_path / 'parts.json', '--parts')
+    assert [r['side'] for r in doc['runs']] == ['stock', 'rq-epoch', 'rq-epoch unfenced', 'stock beside rq-epoch']
+    assert all(r['ok'] for r in doc['runs'])
+    s = doc['summary']
+    assert s['stock']['scripts_per_job'] == s['stock beside rq-epoch']['scripts_per_job'] == 0
+    assert 0 < s['rq-epoch unfenced']['scripts_per_job'] < s['rq-epoch']['scripts_per_job']
+    assert s['rq-epoch']['script_server_ms_per_job'] > s['stock']['script_server_ms_per_job'] == 0
+    section = report.throughput_section(doc)
+    assert '| ratio rq-epoch unfenced / stock |' in section
+    assert '| ratio stock beside rq-epoch / stock |' in section
+
+
 def test_fleet_benchmark_measures_both_sides_of_every_fleet(results_dir: Path) -> None:
     """Each side's fleet registered, idled and ran every paced job; the simulated fleet too."""
     path = results_dir / 'fleet.json'
