@@ -11,7 +11,7 @@ from rq import Worker as RQWorker
 
 import rq_epoch
 
-__all__ = ['PARTS', 'StockWorkerBesideEpoch', 'UnfencedWorker']
+__all__ = ['BESIDE', 'PARTS', 'UNFENCED', 'StockWorkerBesideEpoch', 'UnfencedWorker']
 
 
 class StockWorkerBesideEpoch(RQWorker):
@@ -33,8 +33,11 @@ class UnfencedWorker(rq_epoch.Worker):
     cleanup_execution = RQWorker.cleanup_execution
 
 
-#: Side name in the benchmark's results -> the worker class that ``rq worker`` loads.
+#: The sides' names in the benchmark's results.
+BESIDE = 'stock beside rq-epoch'
+UNFENCED = 'rq-epoch unfenced'
+#: Side name -> the worker class that ``rq worker`` loads for it.
 PARTS = {
-    'stock beside rq-epoch': 'benchmarks.parts.StockWorkerBesideEpoch',
-    'rq-epoch unfenced': 'benchmarks.parts.UnfencedWorker',
+    BESIDE: 'benchmarks.parts.StockWorkerBesideEpoch',
+    UNFENCED: 'benchmarks.parts.UnfencedWorker',
 }

@@ -55,7 +55,7 @@ from rq_epoch.protocol import keys
 
 from .fixture import enqueue_jobs
 from .harness import EPOCH, STOCK, parser, ratio, run_burst_worker, server, server_version, worker_argv, worker_env
-from .parts import PARTS
+from .parts import BESIDE, PARTS, UNFENCED
 from .report import finish
 
 NAME = 'worker_throughput'
@@ -63,7 +63,6 @@ QUEUE = 'bench'
 TARGET = 0.97
 ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK, STOCK, EPOCH)
 ORDER_QUICK = (STOCK, EPOCH)
-BESIDE, UNFENCED = PARTS
 ORDER_PARTS = (STOCK, EPOCH, UNFENCED, BESIDE, BESIDE, UNFENCED, EPOCH, STOCK, STOCK, EPOCH, UNFENCED, BESIDE)
 ORDER_PARTS_QUICK = (STOCK, EPOCH, UNFENCED, BESIDE)
 #: What the summary reports for each side (the mean over its runs), and its decimals.
