@@ -553,7 +553,7 @@ class Taker:
                     return True  # the watcher's refresh found the watch taken: the take gives a turn
                 if self._wait_for_baton(set_id, min(remaining, turn_at - time.monotonic())):
                     self.counters.wakeups += 1
-                    claim = self._claim_handed_on(set_id, queue_keys)
+                    claim = self._claim_handed_on(self._waker, set_id, queue_keys)
                     if claim.claimed:
                         if claim.jobs_waiting:
                             return True  # the watcher now, and a job waits: take it
@@ -636,14 +636,13 @@ class Taker:
             self._turn_at = None  # the next take gives it a turn
         return role
 
-    def _claim_handed_on(self, set_id: str, queue_keys: Sequence[str]) -> verbs.HandedOnClaim:
+    def _claim_handed_on(self, waker: Waker, set_id: str, queue_keys: Sequence[str]) -> verbs.HandedOnClaim:
         """Claim the watch that a token says was handed on (its key deleted by the take that
         moved a job), and read the queues as the watcher: one request on the tracking
-        connection (:meth:`Waker.claim_handed_on`), no script and no take, as that read says
-        whether a job waits."""
-        assert self._waker is not None
+        connection (``waker``, :meth:`Waker.claim_handed_on`), no script and no take, as that
+        read says whether a job waits."""
         try:
-            claim = self._waker.claim_handed_on(keys.watch_key(set_id), self.name, self._ttl_ms, queue_keys)
+            claim = waker.claim_handed_on(keys.watch_key(set_id), self.name, self._ttl_ms, queue_keys)
         except redis.exceptions.ResponseError as exc:
             _outage_as_connection_error(exc)
             raise
