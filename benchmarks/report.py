@@ -115,6 +115,7 @@ def throughput_section(doc: dict[str, Any]) -> str:
         'commands_per_job',
         'scripts_per_job',
         'worker_cpu_ms_per_job',
+        'worker_system_cpu_ms_per_job',
         'page_faults_per_job',
         'server_cpu_ms_per_job',
         'script_server_ms_per_job',
@@ -131,7 +132,8 @@ def throughput_section(doc: dict[str, Any]) -> str:
     ]
 
     def ratio_row(label: str, of: dict[str, Any], steady: Any) -> list[Any]:
-        return [label, of['ratio'], steady, None, None, None, *(of.get(f'{k}_ratio') for k in ratios), None]
+        worker, faults, server = (of.get(f'{k}_ratio') for k in ratios)
+        return [label, of['ratio'], steady, None, None, None, worker, None, faults, server, None]
 
     rows.append(ratio_row('ratio rq-epoch / stock', s, s['steady_ratio']))
     rows += [ratio_row(f'ratio {side} / stock', s[side], None) for side in parts]
@@ -146,6 +148,7 @@ def throughput_section(doc: dict[str, Any]) -> str:
                 'commands / job',
                 'script calls / job',
                 'worker + work-horse CPU ms / job',
+                'of which in the kernel ms / job',
                 'page faults / job',
                 'server CPU ms / job',
                 'of which in scripts ms / job',

@@ -132,7 +132,11 @@ def test_throughput_parts_each_leave_their_part_out_beside_stock(tmp_path: Path)
     assert s['stock']['scripts_per_job'] == s['stock beside rq-epoch']['scripts_per_job'] == 0
     assert 0 < s['rq-epoch unfenced']['scripts_per_job'] < s['rq-epoch']['scripts_per_job']
     assert s['rq-epoch']['script_server_ms_per_job'] > s['stock']['script_server_ms_per_job'] == 0
+    for side in ('stock', 'rq-epoch', 'rq-epoch unfenced', 'stock beside rq-epoch'):
+        # The kernel's share of the worker's CPU (the fork, the page copies) is part of it.
+        assert 0 < s[side]['worker_system_cpu_ms_per_job'] < s[side]['worker_cpu_ms_per_job']
     section = report.throughput_section(doc)
+    assert '| of which in the kernel ms / job |' in section
     assert '| ratio rq-epoch unfenced / stock |' in section
     assert '| ratio stock beside rq-epoch / stock |' in section
 
