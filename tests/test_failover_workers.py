@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from rq.command import send_shutdown_command
+from rq.command import PUBSUB_CHANNEL_TEMPLATE, send_shutdown_command
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
@@ -188,11 +188,20 @@ def test_failover_mid_job_costs_nothing_and_the_worker_follows(fleet, tmp_path: 
     assert f':{new.port} ' in lines[0] and f':{old.port} ' in lines[0]
     # Every connection of the worker is on the new primary (sentinels aside), its pubsub one too:
     # a command published there reaches it (the old primary is still a master of its own).
+    # The pubsub thread subscribes again once it has reconnected, and while it is reconnecting
+    # its connection shows on neither server: the command is sent once its channel has a
+    # subscriber on the new primary (and none on the old one).
     ports = {p for p in server_ports(worker.pid) if p in (old.port, new.port)}
     assert ports == {new.port}
+    channel = PUBSUB_CHANNEL_TEMPLATE % job.worker_name
+    wait_for(lambda: new_client.pubsub_numsub(channel)[0][1] == 1, 15, what="the worker's channel on the new primary")
+    assert client.pubsub_numsub(channel)[0][1] == 0
     assert f.topology.role(old) == 'master'
     send_shutdown_command(new_client, job.worker_name)
-    wait_for(lambda: worker.proc.poll() is not None, 15, what='the worker to obey a command sent on the new primary')
+    try:
+        wait_for(lambda: worker.proc.poll() is not None, 15, what='the worker to obey the command')
+    except pytest.fail.Exception:
+        pytest.fail(f'the worker did not obey a command sent on the new primary within 15 s:\n{worker.output()}')
     assert worker.proc.returncode == 0 and 'pubsub thread exiting' not in worker.output()
     print(f'\n[{f.topology.kind}] failover mid-job: worker re-stamped its lease on the new primary {reached:.2f}s '
           'after the promotion')  # fmt: skip
