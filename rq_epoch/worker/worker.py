@@ -358,12 +358,22 @@ class Worker(RQWorker):
         return self.primary_watch is not None and self.primary_watch.announced(run_id)
 
     def _pubsub_exception_handler(self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread) -> None:
-        """RQ's handler, quiet and quick when the connection was closed to follow a new primary."""
+        """RQ's handler, quiet and quick when the connection was closed to follow a new primary.
+
+        A server that did not answer in time (redis-py's ``TimeoutError``) is ridden out as
+        RQ rides out a lost connection. rq-epoch gives a non-blocking command a bounded time to
+        answer (:class:`~rq_epoch.worker.failover.PrimaryWatch`), so a late answer, for instance
+        in the handshake of the pubsub connection as it connects again, is met here; RQ's
+        handler ends the thread on any error but a connection error, and the worker would hear
+        no command (shutdown, kill the work-horse, stop the job) again.
+        """
         watch = self.primary_watch
-        if isinstance(exc, redis.exceptions.ConnectionError) and watch is not None and watch.moved_recently(10):
+        if isinstance(exc, CONNECTION_ERRORS) and watch is not None and watch.moved_recently(10):
             self.log.debug('Worker %s: pubsub reconnecting to the new primary (%s)', self.name, exc)
             time.sleep(0.1)
             return
+        if isinstance(exc, redis.exceptions.TimeoutError):
+            exc = redis.exceptions.ConnectionError(str(exc))
         super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
 
     def subscribe(self) -> None:
