@@ -103,6 +103,24 @@ def latency_section(doc: dict[str, Any]) -> str:
     )
 
 
+#: What worker_throughput's summary reports for each side (the mean over its runs), and its
+#: decimals; the columns of its section follow this order.
+THROUGHPUT_FIGURES = {
+    'jobs_per_second': 1,
+    'steady_jobs_per_second': 1,
+    'reads_per_job': 2,
+    'commands_per_job': 2,
+    'scripts_per_job': 2,
+    'worker_cpu_ms_per_job': 3,
+    'worker_system_cpu_ms_per_job': 3,
+    'page_faults_per_job': 1,
+    'server_cpu_ms_per_job': 3,
+    'script_server_ms_per_job': 3,
+}
+#: The figures whose ratio to stock the summary gives (rq-epoch's, and each part's).
+THROUGHPUT_RATIOS = ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
+
+
 def throughput_section(doc: dict[str, Any]) -> str:
     """worker_throughput: jobs per second per side (and per part left out, with ``--parts``), and the ratios."""
     s = doc['summary']
@@ -110,17 +128,7 @@ def throughput_section(doc: dict[str, Any]) -> str:
     parts = [key for key, value in s.items() if isinstance(value, dict) and key not in (STOCK, EPOCH)]
     sides = [STOCK, EPOCH, *parts]
     runs = {side: sum(1 for r in doc['runs'] if r['side'] == side) for side in sides}
-    figures = (
-        'reads_per_job',
-        'commands_per_job',
-        'scripts_per_job',
-        'worker_cpu_ms_per_job',
-        'worker_system_cpu_ms_per_job',
-        'page_faults_per_job',
-        'server_cpu_ms_per_job',
-        'script_server_ms_per_job',
-    )
-    ratios = ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
+    figures = [figure for figure in THROUGHPUT_FIGURES if figure not in ('jobs_per_second', 'steady_jobs_per_second')]
     rows = [
         [
             f'`rq worker` ({side}, {runs[side]} runs)',
@@ -132,8 +140,8 @@ def throughput_section(doc: dict[str, Any]) -> str:
     ]
 
     def ratio_row(label: str, of: dict[str, Any], steady: Any) -> list[Any]:
-        worker, faults, server = (of.get(f'{k}_ratio') for k in ratios)
-        return [label, of['ratio'], steady, None, None, None, worker, None, faults, server, None]
+        cells = [of.get(f'{figure}_ratio') if figure in THROUGHPUT_RATIOS else None for figure in figures]
+        return [label, of['ratio'], steady, *cells]
 
     rows.append(ratio_row('ratio rq-epoch / stock', s, s['steady_ratio']))
     rows += [ratio_row(f'ratio {side} / stock', s[side], None) for side in parts]

@@ -57,7 +57,7 @@ from rq_epoch.protocol import keys
 from .fixture import enqueue_jobs
 from .harness import EPOCH, STOCK, parser, ratio, run_burst_worker, server, server_version, worker_argv, worker_env
 from .parts import BESIDE, PARTS, UNFENCED
-from .report import finish
+from .report import THROUGHPUT_FIGURES, THROUGHPUT_RATIOS, finish
 
 NAME = 'worker_throughput'
 QUEUE = 'bench'
@@ -66,21 +66,6 @@ ORDER_FULL = (STOCK, EPOCH, EPOCH, STOCK, STOCK, EPOCH)
 ORDER_QUICK = (STOCK, EPOCH)
 ORDER_PARTS = (STOCK, EPOCH, UNFENCED, BESIDE, BESIDE, UNFENCED, EPOCH, STOCK, STOCK, EPOCH, UNFENCED, BESIDE)
 ORDER_PARTS_QUICK = (STOCK, EPOCH, UNFENCED, BESIDE)
-#: What the summary reports for each side (the mean over its runs), and its decimals.
-FIGURES = {
-    'jobs_per_second': 1,
-    'steady_jobs_per_second': 1,
-    'reads_per_job': 2,
-    'commands_per_job': 2,
-    'scripts_per_job': 2,
-    'worker_cpu_ms_per_job': 3,
-    'worker_system_cpu_ms_per_job': 3,
-    'page_faults_per_job': 1,
-    'server_cpu_ms_per_job': 3,
-    'script_server_ms_per_job': 3,
-}
-#: Figures whose rq-epoch / stock ratio the summary gives.
-RATIOS = ('worker_cpu_ms_per_job', 'page_faults_per_job', 'server_cpu_ms_per_job')
 
 
 def steady_seconds(conn: redis.Redis, job_ids: list[str]) -> float:
@@ -161,15 +146,17 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     sides = [side for side in (STOCK, EPOCH, *PARTS) if any(r['side'] == side for r in runs)]
     for side in sides:
         mine = [r for r in runs if r['side'] == side]
-        out[side] = {figure: round(mean(r[figure] or 0 for r in mine), digits) for figure, digits in FIGURES.items()}
+        out[side] = {
+            figure: round(mean(r[figure] or 0 for r in mine), digits) for figure, digits in THROUGHPUT_FIGURES.items()
+        }
     out['ratio'] = ratio(out[EPOCH]['jobs_per_second'], out[STOCK]['jobs_per_second'])
     out['steady_ratio'] = ratio(out[EPOCH]['steady_jobs_per_second'], out[STOCK]['steady_jobs_per_second'])
-    for key in RATIOS:
+    for key in THROUGHPUT_RATIOS:
         out[f'{key}_ratio'] = ratio(out[EPOCH][key], out[STOCK][key])
     for side in sides:
         if side in PARTS:
             out[side]['ratio'] = ratio(out[side]['jobs_per_second'], out[STOCK]['jobs_per_second'])
-            for key in RATIOS:
+            for key in THROUGHPUT_RATIOS:
                 out[side][f'{key}_ratio'] = ratio(out[side][key], out[STOCK][key])
     out['target'] = TARGET
     out['target_met'] = out['ratio'] is not None and out['ratio'] >= TARGET
