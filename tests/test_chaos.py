@@ -271,6 +271,8 @@ def test_the_truth_of_each_death_counts_a_lease_that_ran_out_before_the_restart(
     assert judge_death(98.5, cfg, events) == 'band'  # deadline from 100.5 on
     assert judge_death(99.5, cfg, events) == 'exempt'  # deadline from 101.5 on: the restart came first
     assert judge_death(101.0, cfg, events) == 'exempt'  # died while the server was down
+    assert judge_death(102.5, cfg, events) == 'band'  # back up: no heartbeat may have re-stamped it yet
+    assert judge_death(104.5, cfg, events) == 'count'  # two heartbeats after it came back
     assert judge_death(150.0, cfg, events) == 'count'
     assert judge_death(200.5, cfg, events) == 'band'  # during the failover
     assert judge_death(199.8, cfg, events) == 'band'  # the last heartbeat may have crossed it

@@ -221,12 +221,19 @@ def judge_death(t: float, cfg: Config, events: list[dict[str, Any]]) -> str:
     least one sweep interval before the next restart or failover (the scripts note the server
     alive about once a second, and a sweep judges at once); it should not when the deadline
     came at least one sweep interval after it; in between, it is in the band.
+
+    A death soon after the server came back is in the band too: a heartbeat that failed during
+    the outage is tried again only at the next heartbeat, so the first to reach the new process
+    (and re-stamp the lease) may come up to two heartbeat intervals after it is up; until then
+    the lease still carries the stamp of the process before the restart.
     """
     heartbeat, lease, band = float(cfg.heartbeat), cfg.lease(EPOCH), float(cfg.sweep_interval)
     last_lo, last_hi, during_outage = t - heartbeat, t, False
     for down, up in _outages(events):
         if down <= t <= up:
             last_lo, last_hi, during_outage = down - heartbeat, down, True
+        elif up < t <= up + 2 * heartbeat:
+            return 'band'  # the last heartbeat that landed may have gone to the process before
     deadline_lo, deadline_hi = last_lo + lease, last_hi + lease
     ahead = [b for b in boundaries(events) if b[1] >= last_lo]
     if not ahead:
