@@ -289,6 +289,14 @@ def test_dependency_ids_are_those_the_job_was_made_and_fetched_with(conn) -> Non
     assert rq_adapter.dependency_ids(RQJob.fetch(dependent.id, connection=conn)) == [first.id, second.id]
 
 
+def test_a_status_set_locally_is_the_objects_and_not_the_servers(conn) -> None:
+    queue = rq.Queue('default', connection=conn)
+    job = queue.enqueue('tests.jobs.add', 1, 2)
+    rq_adapter.set_local_status(job, JobStatus.DEFERRED)
+    assert job.get_status(refresh=False) == JobStatus.DEFERRED
+    assert RQJob.fetch(job.id, connection=conn).get_status() == JobStatus.QUEUED
+
+
 def test_a_job_is_pushed_onto_its_queue_within_a_pipeline(conn) -> None:
     queue = rq.Queue('default', connection=conn)
     back, front = queue.create_job('tests.jobs.add', args=(1, 2)), queue.create_job('tests.jobs.add', args=(3, 4))

@@ -18,6 +18,10 @@ The paths:
 
 The numbers asserted are the ones the code reaches: a change that adds a script call or a
 request on a job's path fails here, and must change this file, saying why.
+
+Two of a job's calls are the commit script: the work-horse's preparation (RQ's transaction
+that marks the job "started", fenced since 2026-12-07: sent late, after a sweep took the
+lease, it marked a job another worker had finished "started" for good) and its outcome.
 """
 
 from __future__ import annotations
@@ -148,17 +152,18 @@ def idle(conn: redis.Redis, n: int) -> Callable[[], bool]:
 
 
 def test_one_queue(conn, start_worker) -> None:
-    """RQ's BLMOVE, then the grant in RQ's transaction and the commit in place of its outcome's."""
+    """RQ's BLMOVE, then the grant in RQ's transaction, and the commit script in place of the
+    work-horse's preparation and of its outcome's transaction."""
     worker = start_worker('calls-one', worker_class=COUNTING, env=QUIET)
     wait_for(lambda: counter(worker, 'blocking_moves') >= 1, 60, what='the worker waiting')
     moves = counter(worker, 'blocking_moves')
     traffic = run_one(conn, 'calls-one', lambda: counter(worker, 'blocking_moves') > moves and idle(conn, 1)())
-    assert traffic.scripts() == Counter({'grant': 1, 'commit': 1}), traffic.scripts()
+    assert traffic.scripts() == Counter({'grant': 1, 'commit': 2}), traffic.scripts()
 
 
 def test_several_queues_one_worker(conn, start_worker) -> None:
     """The take that moves the job (and hands the lone watcher's watch on), the grant, the
-    commit, and the take that finds no job (and claims the watch back)."""
+    fenced preparation and outcome, and the take that finds no job (and claims the watch back)."""
     worker = start_worker(*QUEUES, worker_class=COUNTING, env=QUIET)
     wait_for(lambda: conn.get(keys.watch_key(SET_ID)), 60, what='the worker watching')
     wait_for(idle(conn, 1), 30, what='the worker waiting')
@@ -168,7 +173,7 @@ def test_several_queues_one_worker(conn, start_worker) -> None:
         return counter(worker, 'watch_terms') > terms and bool(conn.get(keys.watch_key(SET_ID)))
 
     traffic = run_one(conn, QUEUES[1], settled)
-    assert traffic.scripts() == Counter({'take': 2, 'grant': 1, 'commit': 1}), traffic.scripts()
+    assert traffic.scripts() == Counter({'take': 2, 'grant': 1, 'commit': 2}), traffic.scripts()
 
 
 def start_fleet(conn: redis.Redis, start_worker: Callable[..., WorkerProcess], n: int) -> list[WorkerProcess]:
@@ -213,13 +218,13 @@ def test_with_a_watcher_and_after_a_hand_over(conn, start_worker) -> None:
     Two takes: the watcher's (it moves the job and wakes a waiter) and the one of the worker
     back from the job (it finds none, and waits); the woken waiter claims the watch with a
     plain ``SET NX``, sent with its read of the queues on its tracking connection, no script;
-    the grant and the commit ride in RQ's own transactions.
+    the grant and the two commits (preparation, outcome) ride in RQ's own transactions.
     """
     fleet = start_fleet(conn, start_worker, 4)
     for path in ('with a watcher', 'after a hand-over'):
         first = holder_of(conn, fleet, keys.watch_key(SET_ID))
         traffic = run_one(conn, QUEUES[0], fleet_settled(conn, fleet, first))
-        assert traffic.scripts() == Counter({'take': 2, 'grant': 1, 'commit': 1}), (path, traffic.scripts())
+        assert traffic.scripts() == Counter({'take': 2, 'grant': 1, 'commit': 2}), (path, traffic.scripts())
         assert traffic.by_name()['SET'] == 1, (path, traffic.by_name())  # the woken waiter's claim
         # ... sent with its read of the queues, on its tracking connection
         assert traffic.sent_next('SET') == ['EXISTS'], (path, traffic.commands)

@@ -97,6 +97,16 @@ def dependency_ids(job: RQJob) -> list[str]:
     return list(job._dependency_ids)
 
 
+def set_local_status(job: RQJob, status: JobStatus) -> None:
+    """Give the job object ``status`` without writing it (RQ's ``Job._status``).
+
+    RQ's ``setup_dependencies`` does this before it sends a registration again (the queued
+    ``set_status`` of the failed attempt changed the object only); ``Job.set_status`` would
+    write to the server.
+    """
+    job._status = status
+
+
 def push_job(queue: Queue, job: RQJob, pipeline: Pipeline, at_front: bool) -> None:
     """Queue the writes that put ``job`` onto ``queue`` (status queued, id pushed) on ``pipeline``.
 

@@ -114,6 +114,9 @@ class EpochJobMixin(_MixinBase):
     #: True when the grant of this process's execution was lost before a replica confirmed
     #: it (``RQ_EPOCH_DURABLE_REPLICAS``): the worker does not run the job.
     grant_lost: bool = False
+    #: True between the worker's fenced preparation of the job and RQ's own call of it,
+    #: which then has nothing left to write (see :meth:`rq_epoch.Worker.perform_job`).
+    prepared: bool = False
     #: Set by rq-epoch's workers when outcomes are confirmed by replicas
     #: (``RQ_EPOCH_DURABLE_REPLICAS``): the ``on_success`` / ``on_failure`` callback is not run
     #: where RQ calls it, before the outcome is written, but kept in :attr:`deferred_callback`
@@ -137,6 +140,7 @@ class EpochJobMixin(_MixinBase):
         self.fence = None
         self.outcome_refused = False
         self.grant_lost = False
+        self.prepared = False
         self.defer_callbacks = False
         self.deferred_callback = None
         self._callback_decisions = {}

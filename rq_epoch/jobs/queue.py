@@ -6,10 +6,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from redis.exceptions import WatchError
+from rq.job import JobStatus
 from rq.queue import Queue as RQQueue
+from rq.utils import utcformat
 
 from ..adapters import rq as rq_adapter
-from ..errors import EnqueueNotConfirmed
+from ..compat import text
+from ..errors import CONNECTION_ERRORS, EnqueueNotConfirmed
 from ..protocol.durable import Durability
 from ..settings import EpochSettings
 from .job import Job
@@ -103,6 +107,40 @@ class Queue(RQQueue):
 
     def enqueue_in(self, *args: Any, **kwargs: Any) -> Any:
         return self._with_max_stalled(super().enqueue_in, args, kwargs)
+
+    def setup_dependencies(self, job: Any, pipeline: Any = None) -> Any:
+        """RQ's registration of a job that waits for unfinished dependencies, not repeated after it landed.
+
+        RQ sends the registration (status "deferred", the job among each dependency's
+        dependents) as a transaction under ``WATCH``, and sends it again on a ``WatchError``:
+        a dependency changed meanwhile. redis-py raises ``WatchError`` too when the connection
+        drops while keys are watched (a restart, a failover). When the registration had landed
+        and a dependency finished before the second attempt, that dependency pushed the job, and
+        the second attempt found every dependency met and pushed it again: the job ran twice.
+        Here, before trying again after a dropped connection, the job hash is read: if it holds
+        this job object's ``created_at``, the registration landed, and the job stays deferred.
+        A job given a pipeline of the caller's is RQ's business, as in RQ.
+        """
+        if pipeline is not None or not rq_adapter.dependency_ids(job):
+            return super().setup_dependencies(job, pipeline=pipeline)
+        status = job.get_status(refresh=False)
+        while True:
+            with self.connection.pipeline() as pipe:
+                try:
+                    super().setup_dependencies(job, pipeline=pipe)  # the registration queued on pipe, or nothing
+                    if job.get_status(refresh=False) == JobStatus.DEFERRED:
+                        pipe.execute()
+                    return job
+                except WatchError as exc:
+                    cause = exc.__cause__ or exc.__context__
+                    if isinstance(cause, CONNECTION_ERRORS) and self._registered(job):
+                        return job
+                    rq_adapter.set_local_status(job, status)  # as RQ does before it tries again
+
+    def _registered(self, job: Any) -> bool:
+        """Whether the job hash on the server is this job object's (its ``created_at``)."""
+        stored = self.connection.hget(job.key, 'created_at')
+        return stored is not None and job.created_at is not None and text(stored) == utcformat(job.created_at)
 
     def create_job(self, *args: Any, **kwargs: Any) -> Any:
         max_stalled = kwargs.pop('max_stalled', None)

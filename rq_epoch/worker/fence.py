@@ -106,22 +106,30 @@ class Fence:
         return OutcomeRefused(self.job_id, self.execution_id, reply.reason, reply.detail, reply.holder)
 
 
-def arm(pipeline: Pipeline, fence: Fence) -> None:
+def arm(pipeline: Pipeline, fence: Fence, outcome: bool = True) -> None:
     """Make the next ``execute()`` of ``pipeline`` a commit fenced by ``fence``.
+
+    ``outcome``: the transaction records the job's outcome (a refusal is counted, and an
+    execution that holds no lease leaves the record that it committed). With False it is
+    the preparation before the job runs: it lands on the same terms, but a refusal is not
+    counted and no record is left, so the outcome that follows commits as it would have.
 
     Later ``execute()`` calls on the same pipeline (RQ 2 sends a second, bookkeeping-only
     transaction in its failure path) go out unfenced, unless the pipeline is armed again.
     """
-    redis_py.intercept_execute(pipeline, _FencedExecute).fence = fence
+    handler = redis_py.intercept_execute(pipeline, _FencedExecute)
+    handler.fence, handler.outcome = fence, outcome
 
 
 class _FencedExecute(redis_py.ExecuteHandler):
     """Stands for ``execute()`` of an outcome's pipeline: the next call after :func:`arm` is a fenced commit."""
 
     fence: Fence | None = None
+    outcome: bool = True
 
     def __call__(self, raise_on_error: bool = True) -> list[Any]:
         armed, self.fence = self.fence, None
+        mode = '1' if self.outcome else '0'
         transaction = self.transaction
         if armed is None:
             return transaction.execute(raise_on_error)
@@ -130,8 +138,8 @@ class _FencedExecute(redis_py.ExecuteHandler):
             if transaction.has_scripts or any(
                 len(args) > _MAX_UNPACKED or _name(args) in _SCRIPT_COMMANDS for args, _ in commands
             ):
-                return _commit_watched(transaction, commands, armed, raise_on_error)
-            return _commit_scripted(transaction, commands, armed, raise_on_error)
+                return _commit_watched(transaction, commands, armed, raise_on_error, mode)
+            return _commit_scripted(transaction, commands, armed, raise_on_error, mode)
         except CONNECTION_ERRORS as exc:
             raise OutcomeInterrupted(armed.job_id, armed.execution_id, exc) from exc
         except WatchError as exc:
@@ -156,10 +164,17 @@ def _name(args: tuple[Any, ...]) -> str:
 
 
 def _commit_scripted(
-    transaction: redis_py.QueuedTransaction, commands: list[redis_py.QueuedCommand], fence: Fence, raise_on_error: bool
+    transaction: redis_py.QueuedTransaction,
+    commands: list[redis_py.QueuedCommand],
+    fence: Fence,
+    raise_on_error: bool,
+    mode: str = '1',
 ) -> list[Any]:
-    """Send the queued ``commands`` as arguments of the commit script (one round trip)."""
-    argv: list[Any] = fence.script_args('1', len(commands))
+    """Send the queued ``commands`` as arguments of the commit script (one round trip).
+
+    ``mode``: the commit script's ARGV[3], '1' for an outcome, '0' for a preparation (see :func:`arm`).
+    """
+    argv: list[Any] = fence.script_args(mode, len(commands))
     for args, _options in commands:
         argv.append(len(args))
         argv.extend(args)
@@ -220,13 +235,18 @@ def _replies(
 
 
 def _commit_watched(
-    transaction: redis_py.QueuedTransaction, commands: list[redis_py.QueuedCommand], fence: Fence, raise_on_error: bool
+    transaction: redis_py.QueuedTransaction,
+    commands: list[redis_py.QueuedCommand],
+    fence: Fence,
+    raise_on_error: bool,
+    mode: str = '1',
 ) -> list[Any]:
     """Fence a transaction (its queued ``commands``) that carries a script call: WATCH the job
     hash, check, commit.
 
     For an execution that holds no lease, the record that it committed is written by the
-    same transaction, so it exists exactly when the outcome landed.
+    same transaction, so it exists exactly when the outcome landed (not for a preparation,
+    ``mode`` '0').
     """
     rq_watching = transaction.watching
     loaded = transaction.scripts
@@ -236,7 +256,7 @@ def _commit_watched(
         try:
             reply = verbs.CommitReply.read(
                 transaction.send_now(
-                    'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args('1', 0)
+                    'EVALSHA', script.sha, len(fence.script_keys), *fence.script_keys, *fence.script_args(mode, 0)
                 )
             )
         except NoScriptError:
@@ -244,7 +264,7 @@ def _commit_watched(
             continue
         if not reply.lands:
             raise fence.refusal(reply)
-        unleased = not reply.leased
+        unleased = not reply.leased and mode == '1'
         if unleased:
             transaction.add_command(
                 'SET', keys.committed_key(fence.composite_key), '1', 'EX', keys.COMMITTED_RECORD_TTL

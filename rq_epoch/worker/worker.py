@@ -213,6 +213,9 @@ class Worker(RQWorker):
         self._last_stopping_beat = float('-inf')
         #: The execution a work-horse runs (set in the work-horse, for Heroku's hand-back).
         self._horse_execution: Execution | None = None
+        #: ``fence``: the fence of the job whose preparation this thread is sending (see
+        #: :meth:`heartbeat`; a SimpleWorker's lease keeper thread heartbeats meanwhile).
+        self._preparing = threading.local()
         self._scheduler_tried_at = float('-inf')
         self._dead_scheduler_pid: int | None = None
         self.last_sweep_report: SweepReport | None = None
@@ -662,8 +665,15 @@ class Worker(RQWorker):
         return reply
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
-        """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage."""
+        """RQ's worker heartbeat; on its own (not in a pipeline) it rides out an outage.
+
+        RQ's preparation of a job (:meth:`prepare_job_execution`) queues this heartbeat
+        first in its transaction: that transaction is armed here with the execution's fence.
+        """
         if pipeline is not None:
+            fence = getattr(self._preparing, 'fence', None)
+            if fence is not None:
+                arm(pipeline, fence, outcome=False)
             return super().heartbeat(timeout, pipeline=pipeline)
         try:
             super().heartbeat(timeout)
@@ -781,6 +791,12 @@ class Worker(RQWorker):
 
         A job object without the epoch behaviour is given it, and one that does not carry
         its execution's fence yet (a spawned work-horse fetched it anew) is given it.
+
+        RQ's preparation (status "started") is written first, under the fence (see
+        :meth:`prepare_job_execution`): a work-horse that starts after a sweep took its
+        lease (its worker was frozen, an outage outlasted the lease, a spawned work-horse
+        was slow to start) writes nothing and does not run the job, which another worker
+        has by then. RQ's own call of the preparation then finds it done.
         """
         leased = cast(EpochJobMixin, adopt(job))
         if leased.grant_lost:
@@ -796,6 +812,21 @@ class Worker(RQWorker):
         leased.defer_callbacks = self.durability.enabled
         leased.deferred_callback = None
         self._horse_execution = execution
+        if leased.fence is not None:
+            try:
+                self.prepare_job_execution(job, len(self.queues) == 1)
+            except OutcomeRefused as refusal:
+                self.log.info(
+                    'Worker %s: job %s not run, its preparation refused: %s',
+                    self.name,
+                    job.id,
+                    refusal.describe(),
+                )
+                return False
+            except CONNECTION_ERRORS:
+                pass  # RQ's own call tries again and, if the server stays away, fails the job as RQ does
+            else:
+                leased.prepared = True
         return bool(super().perform_job(job, queue, *args, **kwargs))
 
     def ride_out_before_function(self, job: RQJob, call: Callable[[], _T]) -> _T:
@@ -818,15 +849,29 @@ class Worker(RQWorker):
         return self.outcomes.with_backoff(call, give_up, unreachable)
 
     def prepare_job_execution(self, job: RQJob, *args: Any, **kwargs: Any) -> None:
-        """RQ's preparation in the work-horse (status "started"), riding out a server outage.
+        """RQ's preparation in the work-horse (status "started"), fenced, riding out a server outage.
+
+        For a job that carries its execution's fence, RQ's transaction lands only while the
+        execution holds the lease, in one atomic step (the commit script, see
+        :func:`rq_epoch.worker.fence.arm`); otherwise nothing is written and
+        :class:`~rq_epoch.errors.OutcomeRefused` is raised. Without that, a work-horse that
+        started late would mark "started" a job that another execution has finished since.
 
         The job has not run yet: a connection error here must not fail it. RQ's writes are
         one transaction and idempotent, so they are tried again with backoff; meanwhile
         the worker keeps heartbeating and stops this horse if a sweep takes the lease.
         """
+        leased = job if isinstance(job, EpochJobMixin) else None
+        if leased is not None and leased.prepared:
+            leased.prepared = False  # written by perform_job before RQ's call
+            return
         give_up = time.monotonic() + self.outcome_retry_limit
         rq_prepare = super().prepare_job_execution
-        self.outcomes.with_backoff(lambda: rq_prepare(job, *args, **kwargs), give_up)
+        self._preparing.fence = leased.fence if leased is not None else None
+        try:
+            self.outcomes.with_backoff(lambda: rq_prepare(job, *args, **kwargs), give_up)
+        finally:
+            self._preparing.fence = None
 
     def maintain_heartbeats(self, job: RQJob, execution: Execution | None = None) -> None:
         """Heartbeat the worker, the execution and the job, and extend the stamped lease.
