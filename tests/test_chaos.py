@@ -273,6 +273,9 @@ def test_the_truth_of_each_death_counts_a_lease_that_ran_out_before_the_restart(
     assert judge_death(101.0, cfg, events) == 'exempt'  # died while the server was down
     assert judge_death(102.5, cfg, events) == 'band'  # back up: no heartbeat may have re-stamped it yet
     assert judge_death(104.5, cfg, events) == 'count'  # two heartbeats after it came back
+    restarted = [{'kind': 'server-down', 't': 100.0}, {'kind': 'server-up', 't': 102.0, 'started': 101.6}]
+    assert judge_death(101.0, cfg, restarted) == 'exempt'  # not started again yet
+    assert judge_death(101.8, cfg, restarted) == 'band'  # started: it may have answered already
     assert judge_death(150.0, cfg, events) == 'count'
     assert judge_death(200.5, cfg, events) == 'band'  # during the failover
     assert judge_death(199.8, cfg, events) == 'band'  # the last heartbeat may have crossed it

@@ -222,14 +222,19 @@ def judge_death(t: float, cfg: Config, events: list[dict[str, Any]]) -> str:
     alive about once a second, and a sweep judges at once); it should not when the deadline
     came at least one sweep interval after it; in between, it is in the band.
 
-    A death soon after the server came back is in the band too: a heartbeat that failed during
-    the outage is tried again only at the next heartbeat, so the first to reach the new process
-    (and re-stamp the lease) may come up to two heartbeat intervals after it is up; until then
-    the lease still carries the stamp of the process before the restart.
+    A death in the last part of an outage as the harness recorded it, after the server was
+    started again (its 'started'), is in the band: the server may have been answering already,
+    and the worker may have been granted its lease there. A death soon after the server came
+    back is in the band too: a heartbeat that failed during the outage is tried again only at
+    the next heartbeat, so the first to reach the new process (and re-stamp the lease) may come
+    up to two heartbeat intervals after it is up; until then the lease still carries the stamp
+    of the process before the restart.
     """
     heartbeat, lease, band = float(cfg.heartbeat), cfg.lease(EPOCH), float(cfg.sweep_interval)
     last_lo, last_hi, during_outage = t - heartbeat, t, False
     for down, up in _outages(events):
+        if down <= t <= up and t >= _started_again(up, events):
+            return 'band'  # the server may have been answering already
         if down <= t <= up:
             last_lo, last_hi, during_outage = down - heartbeat, down, True
         elif up < t <= up + 2 * heartbeat:
@@ -275,6 +280,15 @@ def _failovers(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
     if start is not None:
         out.append((start, float('inf')))
     return out
+
+
+def _started_again(up: float, events: list[dict[str, Any]]) -> float:
+    """When the server that answered at ``up`` was started (its server-up event's 'started';
+    ``up`` itself for an event without one)."""
+    for e in events:
+        if e['kind'] == 'server-up' and e['t'] == up:
+            return float(e.get('started', up))
+    return up
 
 
 def _outages(events: list[dict[str, Any]]) -> list[tuple[float, float]]:

@@ -245,10 +245,13 @@ class SideRun:
             self.recorder.add('freeze', planned=fault.at, hold=fault.hold, **info)
             return (time.time() + fault.hold, 'thaw', (slot, info['pid']))
         if what == 'server-up':
+            # The server answers from some moment between its start and this event (the start
+            # waits for its first answer, then its run_id is read): 'started' is when it began.
+            started = round(time.time(), 3)
             self.server.start(timeout=60)
             self.supervisor.managed.add(self.server.pid or 0)
             self.server_up = True
-            self.recorder.add('server-up', run_id=_run_id(self.server), pid=self.server.pid)
+            self.recorder.add('server-up', run_id=_run_id(self.server), pid=self.server.pid, started=started)
             return None
         if what == 'thaw':
             slot, pid = payload
