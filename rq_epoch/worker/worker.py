@@ -823,8 +823,8 @@ class Worker(RQWorker):
                     refusal.describe(),
                 )
                 return False
-            except CONNECTION_ERRORS:
-                pass  # RQ's own call tries again and, if the server stays away, fails the job as RQ does
+            except Exception:  # noqa: BLE001 - RQ's own call meets it again, and fails the job as RQ does
+                pass  # (the server stayed away; RQ's step after the transaction could not read the job)
             else:
                 leased.prepared = True
         return bool(super().perform_job(job, queue, *args, **kwargs))
