@@ -280,6 +280,8 @@ def test_the_truth_of_each_death_counts_a_lease_that_ran_out_before_the_restart(
     assert judge_death(200.5, cfg, events) == 'band'  # during the failover
     assert judge_death(199.8, cfg, events) == 'band'  # the last heartbeat may have crossed it
     assert judge_death(198.5, cfg, events) == 'band'  # deadline from 200.5 on, before the promotion seen
+    assert judge_death(210.0, cfg, events) == 'band'  # workers may still write to the demoted primary
+    assert judge_death(219.0, cfg, events) == 'count'  # past that tail and two heartbeats
     assert judge_death(300.0, cfg, events) == 'count'  # no boundary after it
     frozen = [{'kind': 'primary-freeze', 't': 50.0}, {'kind': 'promoted', 't': 53.0}]
     assert judge_death(45.0, cfg, frozen) == 'count'

@@ -228,7 +228,10 @@ def judge_death(t: float, cfg: Config, events: list[dict[str, Any]]) -> str:
     back is in the band too: a heartbeat that failed during the outage is tried again only at
     the next heartbeat, so the first to reach the new process (and re-stamp the lease) may come
     up to two heartbeat intervals after it is up; until then the lease still carries the stamp
-    of the process before the restart.
+    of the process before the restart. After a failover (or a frozen primary) the same holds for
+    longer: a worker may go on writing to the demoted primary for up to ``FAILOVER_TAIL`` seconds
+    after the promotion (its heartbeats there are lost), so a death within that tail and two
+    heartbeats after it is in the band.
     """
     heartbeat, lease, band = float(cfg.heartbeat), cfg.lease(EPOCH), float(cfg.sweep_interval)
     last_lo, last_hi, during_outage = t - heartbeat, t, False
@@ -239,6 +242,9 @@ def judge_death(t: float, cfg: Config, events: list[dict[str, Any]]) -> str:
             last_lo, last_hi, during_outage = down - heartbeat, down, True
         elif up < t <= up + 2 * heartbeat:
             return 'band'  # the last heartbeat that landed may have gone to the process before
+    for _, promoted in _failovers(events):
+        if promoted < t <= promoted + FAILOVER_TAIL + 2 * heartbeat:
+            return 'band'  # the worker may not have reached the new primary yet
     deadline_lo, deadline_hi = last_lo + lease, last_hi + lease
     ahead = [b for b in boundaries(events) if b[1] >= last_lo]
     if not ahead:
