@@ -30,6 +30,16 @@ __all__ = [
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
+def connection_error_behind(error: redis.exceptions.WatchError) -> Exception | None:
+    """The connection error that ``error`` stands for, or None for a real change of a watched key.
+
+    redis-py raises ``WatchError`` (from the connection error) when the connection drops while
+    keys are watched: the transaction may or may not have landed.
+    """
+    cause = error.__cause__ or error.__context__
+    return cause if isinstance(cause, CONNECTION_ERRORS) else None
+
+
 class RqEpochError(Exception):
     """Base class of every error rq-epoch raises."""
 

@@ -13,7 +13,7 @@ from rq.utils import utcformat
 
 from ..adapters import rq as rq_adapter
 from ..compat import text
-from ..errors import CONNECTION_ERRORS, EnqueueNotConfirmed
+from ..errors import EnqueueNotConfirmed, connection_error_behind
 from ..protocol.durable import Durability
 from ..settings import EpochSettings
 from .job import Job
@@ -132,8 +132,7 @@ class Queue(RQQueue):
                         pipe.execute()
                     return job
                 except WatchError as exc:
-                    cause = exc.__cause__ or exc.__context__
-                    if isinstance(cause, CONNECTION_ERRORS) and self._registered(job):
+                    if connection_error_behind(exc) is not None and self._registered(job):
                         return job
                     rq_adapter.set_local_status(job, status)  # as RQ does before it tries again
 

@@ -44,7 +44,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from ..adapters import redis_py
 from ..compat import text
-from ..errors import CONNECTION_ERRORS, OutcomeInterrupted, OutcomeRefused, ServerOutageError
+from ..errors import CONNECTION_ERRORS, OutcomeInterrupted, OutcomeRefused, ServerOutageError, connection_error_behind
 from ..protocol import keys, scripts, verbs
 from .failover import is_outage
 
@@ -147,16 +147,10 @@ class _FencedExecute(redis_py.ExecuteHandler):
             # reports a connection error as a WatchError: RQ's loop would build the commit
             # again and, if the first one landed, meet it as "gone", a refusal. It is the
             # connection error it is: the outcome writer sends the outcome again.
-            cause = _connection_error(exc)
+            cause = connection_error_behind(exc)
             if cause is None:
                 raise
             raise OutcomeInterrupted(armed.job_id, armed.execution_id, cause) from cause
-
-
-def _connection_error(error: WatchError) -> Exception | None:
-    """The connection error that ``error`` stands for (redis-py's WatchError under WATCH), or None."""
-    cause = error.__cause__ or error.__context__
-    return cause if isinstance(cause, CONNECTION_ERRORS) else None
 
 
 def _name(args: tuple[Any, ...]) -> str:
@@ -278,7 +272,7 @@ def _commit_watched(
             reason = exc.__cause__ or exc.__context__
             if reason is not None:
                 _raise_outage(reason)
-            if rq_watching or _connection_error(exc) is not None:
+            if rq_watching or connection_error_behind(exc) is not None:
                 raise
             transaction.replace_commands(commands)
             transaction.replace_scripts(loaded)
