@@ -143,6 +143,21 @@ def test_a_command_sent_now_goes_on_the_watching_pipelines_connection(conn) -> N
     assert conn.get('test:written') is None
 
 
+def test_a_transaction_sent_alone_goes_without_multi_and_leaves_the_pipeline_reset(conn) -> None:
+    with conn.pipeline() as pipe:
+        transaction = redis_py.QueuedTransaction(pipe, pipe.execute)
+        pipe.set('test:alone', '1')
+        before = conn.info('commandstats').get('cmdstat_multi', {}).get('calls', 0)
+        assert transaction.execute_alone(False) == [True]
+        assert conn.info('commandstats').get('cmdstat_multi', {}).get('calls', 0) == before
+        assert transaction.commands == []  # reset as execute() resets: nothing is sent twice
+        assert pipe.transaction  # the next execute() is a transaction again
+        pipe.set('test:after', '2')
+        assert pipe.execute() == [True]
+        assert conn.info('commandstats')['cmdstat_multi']['calls'] == before + 1
+    assert conn.mget('test:alone', 'test:after') == [b'1', b'2']
+
+
 def test_a_note_stays_with_the_pipeline_across_a_failed_watched_transaction(conn) -> None:
     marker = object()
     with conn.pipeline() as pipe:

@@ -159,6 +159,10 @@ def test_one_queue(conn, start_worker) -> None:
     moves = counter(worker, 'blocking_moves')
     traffic = run_one(conn, 'calls-one', lambda: counter(worker, 'blocking_moves') > moves and idle(conn, 1)())
     assert traffic.scripts() == Counter({'grant': 1, 'commit': 2}), traffic.scripts()
+    # Transactions: the enqueue's two, the worker's start of the execution (with the
+    # grant), the outcome's commit (under RQ's WATCH of the dependents) and RQ's heartbeat
+    # after the job. The preparation's commit watches nothing: it is sent without MULTI/EXEC.
+    assert traffic.by_name()['MULTI'] == 5, traffic.by_name()
 
 
 def test_several_queues_one_worker(conn, start_worker) -> None:

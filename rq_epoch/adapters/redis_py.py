@@ -62,7 +62,8 @@ class QueuedTransaction:
     through it (``Script(..., client=pipeline)``, loaded before the transaction is sent) in
     ``scripts``, whether it WATCHes in ``watching``, and parses each reply with its
     ``response_callbacks``; ``immediate_execute_command`` sends a command at once (after a
-    WATCH, on the pipeline's connection). None of these is documented API.
+    WATCH, on the pipeline's connection), and ``transaction`` says whether ``execute()``
+    wraps the queued commands in MULTI/EXEC. None of these is documented API.
     """
 
     __slots__ = ('_execute', 'pipeline')
@@ -110,6 +111,22 @@ class QueuedTransaction:
     def execute(self, raise_on_error: bool) -> list[Any]:
         """redis-py's own ``execute()``: send what is queued, as one transaction."""
         return self._execute(raise_on_error)
+
+    def execute_alone(self, raise_on_error: bool) -> list[Any]:
+        """Send what is queued as a plain pipeline, without MULTI/EXEC, then reset as ``execute()`` does.
+
+        For one script call while nothing is watched: a script is atomic by itself, and the
+        transaction around it would only add two commands. (redis-py's ``transaction`` flag
+        chooses between the two; it is set back at once.)
+        """
+        # (An instance attribute that the typing of redis-py's client method of that name hides.)
+        pipeline: Any = self.pipeline
+        was = pipeline.transaction
+        pipeline.transaction = False
+        try:
+            return self._execute(raise_on_error)
+        finally:
+            pipeline.transaction = was
 
     def parse_reply(self, command: QueuedCommand, reply: Any) -> Any:
         """``reply`` to ``command`` as redis-py's ``execute()`` gives it (through its response callback)."""

@@ -13,9 +13,11 @@ are not sent as they are: they travel as arguments of the ``commit`` script, whi
 them only if the job's lease member still exists and the job's ``lease_execution`` is this
 execution. The check and the write are one atomic step in the server, in the same single
 round trip as RQ's own commit; a WATCH that RQ set (on the job's dependents) still guards
-the transaction around it. The fence takes the place of that one pipeline's ``execute()``,
-and reads and rewrites its queued commands, through
-:mod:`rq_epoch.adapters.redis_py` (redis-py has no public hook for either).
+the transaction around it. Without a WATCH, the script call is sent alone: it is one atomic
+step by itself, and MULTI/EXEC around it would add two commands and nothing else. The
+fence takes the place of that one pipeline's ``execute()``, and reads and rewrites its
+queued commands, through :mod:`rq_epoch.adapters.redis_py` (redis-py has no public hook
+for either).
 
 An outcome is refused on evidence that someone else took over: a sweep's record of taking
 the lease, or a newer lease holder. An execution that holds no lease on the server it talks
@@ -177,7 +179,9 @@ def _commit_scripted(
     watching = transaction.watching
     for _ in range(2):
         transaction.replace_commands([(call, {})])
-        reply = transaction.execute(False)[0]
+        # Under RQ's WATCH the call goes inside RQ's MULTI/EXEC, which the WATCH guards;
+        # otherwise alone: the script is one atomic step by itself.
+        reply = (transaction.execute(False) if watching else transaction.execute_alone(False))[0]
         if not isinstance(reply, NoScriptError):
             break
         # The server restarted since the script was loaded: nothing ran. Load it, and
