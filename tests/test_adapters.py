@@ -21,6 +21,7 @@ import redis
 import rq
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
+from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.job import Job as RQJob
 from rq.job import JobStatus
@@ -33,7 +34,7 @@ from rq.worker import Worker as RQWorker
 from rq.worker import WorkerStatus
 
 import rq_epoch
-from rq_epoch import compat
+from rq_epoch import Job, Queue, compat
 from rq_epoch.adapters import redis_py
 from rq_epoch.adapters import rq as rq_adapter
 from rq_epoch.embedded import EmbeddedServer
@@ -302,6 +303,30 @@ def test_dependency_ids_are_those_the_job_was_made_and_fetched_with(conn) -> Non
     dependent = queue.enqueue('tests.jobs.add', 5, 6, depends_on=[first, second])
     assert rq_adapter.dependency_ids(dependent) == [first.id, second.id]
     assert rq_adapter.dependency_ids(RQJob.fetch(dependent.id, connection=conn)) == [first.id, second.id]
+
+
+def test_a_job_made_from_its_hash_is_the_job_rq_fetches(conn) -> None:
+    queue = Queue('adapters-hash', connection=conn)
+    job = queue.enqueue('tests.jobs.add', 1, 2, meta={'k': 'v'}, description='d')
+    assert rq_adapter.fetches_as_rq(Job) and rq_adapter.fetches_as_rq(RQJob)
+
+    class OwnRefresh(RQJob):
+        def refresh(self) -> None:
+            super().refresh()
+
+    class OwnFetch(RQJob):
+        @classmethod
+        def fetch(cls, id: str, connection: Any = None, serializer: Any = None) -> Any:
+            return super().fetch(id, connection=connection, serializer=serializer)
+
+    assert not rq_adapter.fetches_as_rq(OwnRefresh) and not rq_adapter.fetches_as_rq(OwnFetch)
+    made = rq_adapter.job_from_hash(Job, job.id, conn.hgetall(job.key), conn, None)
+    fetched = Job.fetch(job.id, connection=conn)
+    assert type(made) is Job
+    assert made.to_dict() == fetched.to_dict()
+    assert (made.func_name, made.args, made.meta, made.origin) == ('tests.jobs.add', (1, 2), {'k': 'v'}, queue.name)
+    with pytest.raises(NoSuchJobError):
+        rq_adapter.job_from_hash(Job, 'adapters-gone', {}, conn, None)
 
 
 def test_a_status_set_locally_is_the_objects_and_not_the_servers(conn) -> None:

@@ -178,6 +178,8 @@ def test_several_queues_one_worker(conn, start_worker) -> None:
 
     traffic = run_one(conn, QUEUES[1], settled)
     assert traffic.scripts() == Counter({'take': 2, 'grant': 1, 'commit': 2}), traffic.scripts()
+    # The take read the job it moved: no HGETALL of RQ's fetch follows it.
+    assert traffic.by_name()['HGETALL'] == 0, traffic.by_name()
 
 
 def start_fleet(conn: redis.Redis, start_worker: Callable[..., WorkerProcess], n: int) -> list[WorkerProcess]:

@@ -21,8 +21,20 @@ from rq.queue import Queue as StockQueue
 
 from rq_epoch import Job, Queue, Sweeper, Worker
 from rq_epoch.protocol import keys, scripts
+from rq_epoch.worker import take as take_module
 from rq_epoch.worker.take import Taker
 from tests.takes import names
+
+
+class OwnFetch(Job):
+    """A job class that reads its jobs its own way."""
+
+    @classmethod
+    def fetch(cls, id, connection=None, serializer=None):  # type: ignore[no-untyped-def]
+        job = super().fetch(id, connection=connection, serializer=serializer)
+        job.meta['fetched_by'] = 'OwnFetch'
+        return job
+
 
 # -- the scripts ----------------------------------------------------------------------------
 
@@ -33,11 +45,34 @@ def test_take_moves_the_first_job_in_the_given_order_into_its_intermediate_list(
     assert taker.take(queues) is None
     third = queues[2].enqueue('tests.jobs.add', 1, 2)
     second = queues[1].enqueue('tests.jobs.add', 1, 2)
-    assert taker.take(queues) == (queues[1], second.id)
+    assert taker.take(queues) == (queues[1], second.id, None)
     assert conn.lrange(queues[1].intermediate_queue_key, 0, -1) == [second.id.encode()]
-    assert taker.take(list(reversed(queues))) == (queues[2], third.id)
+    assert taker.take(list(reversed(queues))) == (queues[2], third.id, None)
     assert conn.lrange(queues[2].intermediate_queue_key, 0, -1) == [third.id.encode()]
     assert [q.count for q in queues] == [0, 0, 0]
+
+
+def test_take_reads_the_moved_jobs_hash_in_the_same_step(conn) -> None:
+    queues = [Queue(name, connection=conn) for name in names(2)]
+    job = queues[1].enqueue('tests.jobs.add', 1, 2)
+    taken = Taker(conn).take(queues, job_key_prefix=Job.redis_job_namespace_prefix)
+    assert taken is not None
+    assert taken.job_hash == conn.hgetall(job.key)
+    gone = queues[0].enqueue('tests.jobs.add', 1, 2)
+    conn.delete(gone.key)
+    taken = Taker(conn).take(queues, job_key_prefix=Job.redis_job_namespace_prefix)
+    assert taken is not None and taken.job_id == gone.id
+    assert taken.job_hash == {}
+
+
+def test_a_job_class_that_fetches_its_own_way_is_fetched_so(conn) -> None:
+    queues = [Queue(name, connection=conn) for name in names(2)]
+    assert take_module._job_key_prefix(None, queues) == Job.redis_job_namespace_prefix
+    assert take_module._job_key_prefix(OwnFetch, queues) == ''
+    job = queues[1].enqueue('tests.jobs.add', 1, 2)
+    fetched = Taker(conn).dequeue_any(queues, None, job_class=OwnFetch)
+    assert fetched is not None
+    assert fetched[0].id == job.id and fetched[0].meta.get('fetched_by') == 'OwnFetch'
 
 
 def test_the_grant_removes_the_intermediate_entry_and_its_first_sighting(conn) -> None:
@@ -206,4 +241,4 @@ def test_a_server_that_takes_no_writes_is_an_outage_to_ride_out(conn) -> None:
         assert queues[1].get_job_ids() == [job.id]
     finally:
         conn.config_set('min-replicas-to-write', 0)
-    assert Taker(conn).take(queues) == (queues[1], job.id)
+    assert Taker(conn).take(queues) == (queues[1], job.id, None)

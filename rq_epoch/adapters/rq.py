@@ -14,13 +14,15 @@ from collections.abc import Callable, Sequence
 from types import CodeType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
-from rq.job import JobStatus
+from rq.job import JobStatus, parse_job_id
 from rq.timeouts import UnixSignalDeathPenalty
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
+    from redis import Redis
     from redis.client import Pipeline
     from rq.executions import Execution
     from rq.queue import Queue
@@ -33,6 +35,8 @@ __all__ = [
     'change_job_class',
     'dependency_ids',
     'exception_handlers',
+    'fetches_as_rq',
+    'job_from_hash',
     'push_job',
     'push_rate_limited_job',
     'queue_class_dequeuing_with',
@@ -95,6 +99,29 @@ def dependency_ids(job: RQJob) -> list[str]:
     RQ's public ``Job.dependency_ids`` reads them from the server again; this sends nothing.
     """
     return list(job._dependency_ids)
+
+
+def fetches_as_rq(job_class: type[RQJob]) -> bool:
+    """Whether ``job_class`` fetches a job as RQ's ``Job`` does: its ``fetch`` and ``refresh``
+    are RQ's own (the job object made with the id, then its hash read with ``HGETALL`` and
+    given to ``restore``). Then :func:`job_from_hash` makes the same job from a hash read
+    elsewhere; a class that reads its jobs its own way is fetched as it says."""
+    fetch = getattr(job_class.fetch, '__func__', None)
+    return fetch is RQJob.fetch.__func__ and job_class.refresh is RQJob.refresh  # type: ignore[attr-defined]
+
+
+def job_from_hash(job_class: type[J], job_id: str, data: dict[bytes, bytes], connection: Redis, serializer: Any) -> J:
+    """The job ``job_class.fetch(job_id)`` gives, made from its hash ``data`` as read by ``HGETALL``
+    (RQ's ``fetch`` and ``refresh``, without the read; see :func:`fetches_as_rq`).
+
+    Raises:
+        rq.exceptions.NoSuchJobError: ``data`` is empty (the job hash does not exist).
+    """
+    job = job_class(parse_job_id(job_id), connection=connection, serializer=serializer)
+    if not data:
+        raise NoSuchJobError(f'No such job: {job.key}')
+    job.restore(data)
+    return job
 
 
 def set_local_status(job: RQJob, status: JobStatus) -> None:

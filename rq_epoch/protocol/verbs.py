@@ -403,23 +403,29 @@ class TakeReply:
     turn_ms: int = 0
     #: Seconds until that turn (0 otherwise).
     wait: float = 0.0
+    #: When a job was moved and the call named the job keys' prefix: the job's hash, read in
+    #: the same step, as ``HGETALL`` gives it (empty when the hash is gone). None otherwise.
+    job_hash: dict[bytes, bytes] | None = None
 
     @classmethod
-    def read(cls, raw: Sequence[Any]) -> TakeReply:
-        """Decode ``{i, job_id, woke}`` (1-based ``i``), or ``{0, '', role, turn, wait}`` when
-        nothing was taken."""
+    def read(cls, raw: Sequence[Any], read_job: bool = False) -> TakeReply:
+        """Decode ``{i, job_id, woke, job}`` (1-based ``i``; ``job`` the hash's fields and values
+        alternating, kept when ``read_job``), or ``{0, '', role, turn, wait}`` when nothing was
+        taken."""
         position = int(raw[0])
         if position == 0:
             _, _, role, turn, wait = raw
             return cls(
                 index=None, job_id='', woke=False, role=Role(int(role)), turn_ms=int(turn), wait=int(wait) / 1000
             )
-        return cls(index=position - 1, job_id=text(raw[1]), woke=int(raw[2]) == 1, role=Role.NEITHER)
+        pairs = raw[3]
+        job_hash = dict(zip(pairs[::2], pairs[1::2], strict=True)) if read_job else None
+        return cls(index=position - 1, job_id=text(raw[1]), woke=int(raw[2]) == 1, role=Role.NEITHER, job_hash=job_hash)
 
 
 def take(connection: Redis, keys: list[str], args: list[Any]) -> TakeReply:
     """Run the take script (KEYS and ARGV as in ``lua/take.lua``)."""
-    return TakeReply.read(scripts.take()(connection, keys, args))
+    return TakeReply.read(scripts.take()(connection, keys, args), read_job=bool(args[1]))
 
 
 def watch(connection: Redis, keys: list[str], args: list[Any]) -> Role:

@@ -65,7 +65,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
@@ -83,9 +83,31 @@ if TYPE_CHECKING:
     from rq.job import Job as RQJob
     from rq.queue import Queue
 
-__all__ = ['Role', 'Taker', 'TakerCounters', 'TrackingRefused', 'Waker']
+__all__ = ['Role', 'Taken', 'Taker', 'TakerCounters', 'TrackingRefused', 'Waker']
 
 logger = logging.getLogger('rq_epoch')
+
+
+class Taken(NamedTuple):
+    """A job the take moved into its queue's intermediate list."""
+
+    queue: Queue
+    job_id: str
+    #: The job's hash as ``HGETALL`` gives it, read in the same step as the take (empty: the
+    #: hash is gone); None when the take was not asked to read it.
+    job_hash: dict[bytes, bytes] | None = None
+
+
+def _job_key_prefix(job_class: type[RQJob] | None, queues: Sequence[Queue]) -> str:
+    """The prefix of the job keys the take reads the moved job under: the job class's
+    (``job_class``, else each queue's), when every such class fetches a job as RQ does
+    (:func:`rq_epoch.adapters.rq.fetches_as_rq`) under one prefix; else '' and the job is
+    fetched with the class's own ``fetch``."""
+    classes = {job_class} if job_class is not None else {queue.job_class for queue in queues}
+    prefixes = {cls.redis_job_namespace_prefix for cls in classes}
+    if len(prefixes) != 1 or not all(rq_adapter.fetches_as_rq(cls) for cls in classes):
+        return ''
+    return prefixes.pop()
 
 
 def _dedicated_connection(pool: ConnectionPool) -> AbstractConnection:
@@ -337,22 +359,23 @@ class Taker:
 
     # -- the take ------------------------------------------------------------------------
 
-    def take(self, queues: Sequence[Queue], *, waiting: bool = False) -> tuple[Queue, str] | None:
+    def take(self, queues: Sequence[Queue], *, waiting: bool = False, job_key_prefix: str = '') -> Taken | None:
         """Move the first job of ``queues`` (in this order) into its intermediate list.
 
-        One script call, one round trip. With ``waiting`` (the worker waits for a job when
-        there is none) and unless this taker polls, the same call keeps its place among the
-        idle workers of these queues: a job taken hands the watch on to another idle worker
-        (if this one held it, or nobody did); every queue empty, this one claims the watch if
-        nobody holds it, or is given its turn. Returns the queue and the job id, or None when
-        every queue is empty.
+        One script call, one round trip. With ``job_key_prefix`` (RQ's ``"rq:job:"``), the
+        same call reads the job's hash, which :attr:`Taken.job_hash` carries. With ``waiting``
+        (the worker waits for a job when there is none) and unless this taker polls, the same
+        call keeps its place among the idle workers of these queues: a job taken hands the
+        watch on to another idle worker (if this one held it, or nobody did); every queue
+        empty, this one claims the watch if nobody holds it, or is given its turn. Returns the
+        queue and the job id (and hash), or None when every queue is empty.
 
         Raises:
             redis.exceptions.ConnectionError: also when the server answers that it takes no
                 writes for now (:data:`rq_epoch.worker.failover.OUTAGE_CODES`): an outage.
         """
         script_keys = [queue.key for queue in queues] + [queue.intermediate_queue_key for queue in queues]
-        args: list[Any] = [len(queues)]
+        args: list[Any] = [len(queues), job_key_prefix]
         set_id = None
         if waiting and not self._polling:
             set_id = keys.queue_set_id(queue.key for queue in queues)
@@ -379,7 +402,7 @@ class Taker:
         self._set, self._role, self._claimed_at = None, Role.NEITHER, None
         queue, job_id = queues[reply.index], reply.job_id
         self.taken(queue, job_id)
-        return queue, job_id
+        return Taken(queue, job_id, reply.job_hash)
 
     def taken(self, queue: Queue, job_id: str) -> None:
         """Called right after the take script moved ``job_id``, before anything else.
@@ -459,17 +482,17 @@ class Taker:
         """
         queues = list(queues)
         queue_keys = [queue.key for queue in queues]
+        prefix = _job_key_prefix(job_class, queues)
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self._watch_deadline = None
         for _ in range(1_000_000):  # each turn takes a job, or waits, or ends
-            found = self.take(queues, waiting=deadline is not None)
+            found = self.take(queues, waiting=deadline is not None, job_key_prefix=prefix)
             if found is not None:
-                queue, job_id = found
-                job = self._fetch(queue, job_id, job_class, serializer)
+                job = self._fetch(found, job_class, serializer)
                 if job is None:
                     continue
-                return job, queue
+                return job, found.queue
             if deadline is None:
                 return None
             if self._polling:  # every poller sweeps: none watches for the others
@@ -479,9 +502,14 @@ class Taker:
                 break  # no take at the deadline: RQ's loop heartbeats, then dequeues again
         raise DequeueTimeout(timeout, queue_keys)
 
-    def _fetch(self, queue: Queue, job_id: str, job_class: type[RQJob] | None, serializer: Any) -> RQJob | None:
+    def _fetch(self, taken: Taken, job_class: type[RQJob] | None, serializer: Any) -> RQJob | None:
+        """The job the take moved, as RQ's ``fetch`` gives it: made from the hash the take read,
+        or fetched when it read none."""
+        queue, job_id = taken.queue, taken.job_id
         cls: Any = job_class or queue.job_class
         try:
+            if taken.job_hash is not None:
+                return rq_adapter.job_from_hash(cls, job_id, taken.job_hash, self.connection, serializer)
             return cls.fetch(job_id, connection=self.connection, serializer=serializer)  # type: ignore[no-any-return]
         except NoSuchJobError:
             # Deleted while queued: RQ skips such ids; leave nothing behind for the sweep.

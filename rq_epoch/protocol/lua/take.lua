@@ -14,6 +14,8 @@
 -- always go together: a worker that finds no job waits next, and claims the watch when
 -- nobody holds it; a worker that takes a job leaves the watch to another idle worker.
 -- One script does both, so a job's path costs no separate call of the watch script.
+-- The job the take moves is read in the same step (its hash, as RQ's fetch reads it), so
+-- the worker does not ask for it in a round trip of its own.
 --
 -- KEYS[1..n]     the queue lists, in the worker's dequeue order (<prefix>:queue:<name>)
 -- KEYS[n+1..2n]  their intermediate lists, in the same order (<queue key>:intermediate)
@@ -21,10 +23,15 @@
 -- KEYS[2n+2]     optional: its baton list                    (<prefix>:epoch:baton:<set>)
 -- KEYS[2n+3]     optional: its turns                         (<prefix>:epoch:turns:<set>)
 -- ARGV[1]        n, the number of queues
--- ARGV[2]        with the watch keys: the caller's token (its worker name)
--- ARGV[3]        with the watch keys: TTL of the watch key and of a baton token, in ms
--- ARGV[4]        with the watch keys: the gap between two waiters' turns, in ms
--- ARGV[5]        with the watch keys: the turn the caller was given last (server ms), or 0
+-- ARGV[2]        the prefix of RQ's job keys ("rq:job:"): the hash of the job moved is
+--                read and returned; '' to read nothing
+-- ARGV[3]        with the watch keys: the caller's token (its worker name)
+-- ARGV[4]        with the watch keys: TTL of the watch key and of a baton token, in ms
+-- ARGV[5]        with the watch keys: the gap between two waiters' turns, in ms
+-- ARGV[6]        with the watch keys: the turn the caller was given last (server ms), or 0
+--
+-- The job key is not in KEYS: which job moves is known only once it is popped. RQ itself
+-- does not run on Redis Cluster, and neither does this script.
 --
 -- With the watch keys: when a job is moved, the watch is handed on (hand_on_watch: a
 -- waiter is woken when the caller held the watch or nobody did); when every queue is
@@ -35,8 +42,9 @@
 -- waits for a job elsewhere (see rq_epoch/worker/take.py) and calls this script when one
 -- may be there.
 --
--- Returns {i, job_id, woke} when the job was taken from KEYS[i] (woke: 1 when a waiter
--- was woken to take the watch over, else 0); {0, '', role, turn, wait} when every queue
+-- Returns {i, job_id, woke, job} when the job was taken from KEYS[i] (woke: 1 when a waiter
+-- was woken to take the watch over, else 0; job: the job hash as HGETALL gives it, field
+-- and value alternating, empty when the hash is gone or ARGV[2] is ''); {0, '', role, turn, wait} when every queue
 -- was empty (role: 2 when the caller now holds the watch, else 0; turn and wait: the
 -- caller's turn in server ms and the ms until it, 0 for the watcher or without the watch
 -- keys).
@@ -46,7 +54,8 @@
 
 local n = tonumber(ARGV[1])
 local watch_key, baton_key, turns_key = KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3]
-local token, ttl, gap, kept = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local job_prefix = ARGV[2]
+local token, ttl, gap, kept = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
 -- The first job of the first queue that has one, as {queue key, {job_id}}: LMPOP (Redis
 -- 7, Valkey) looks at every queue in one command; a server without it (Redis 6.2) is
@@ -74,7 +83,9 @@ if popped then
       rcall('RPUSH', KEYS[n + i], job_id)
       local woke = 0
       if watch_key and hand_on_watch(watch_key, baton_key, token, ttl) then woke = 1 end
-      return {i, job_id, woke}
+      local job = {}
+      if job_prefix ~= '' then job = rcall('HGETALL', job_prefix .. job_id) end
+      return {i, job_id, woke, job}
     end
   end
 end
