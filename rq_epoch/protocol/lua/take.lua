@@ -44,10 +44,10 @@
 --
 -- Returns {i, job_id, woke, job} when the job was taken from KEYS[i] (woke: 1 when a waiter
 -- was woken to take the watch over, else 0; job: the job hash as HGETALL gives it, field
--- and value alternating, empty when the hash is gone or ARGV[2] is ''); {0, '', role, turn, wait} when every queue
--- was empty (role: 2 when the caller now holds the watch, else 0; turn and wait: the
--- caller's turn in server ms and the ms until it, 0 for the watcher or without the watch
--- keys).
+-- and value alternating, empty when the hash is gone or ARGV[2] is ''); {0, '', role,
+-- turn, wait} when every queue was empty (role: 2 when the caller now holds the watch,
+-- else 0; turn and wait: the caller's turn in server ms and the ms until it, 0 for the
+-- watcher or without the watch keys).
 
 -- @include _epoch.lua
 -- @include _watch.lua
