@@ -151,7 +151,7 @@ def test_heroku_worker_warns_the_job_at_sigterm_and_hands_it_back_uncounted(conn
     assert job.get_status() == JobStatus.QUEUED
     assert conn.lrange(queue.key, 0, -1) == [job.id.encode()]
     assert job.latest_result() is None
-    assert (job.stalled, job.exempt_recoveries, job.stale_outcomes) == (0, 0, 0)
+    assert (job.stalled, job.exempt_recoveries, job.stale_outcomes) == (0, 0, 0), worker.output()
     assert conn.hget(job.key, 'handed_back') == b'1'
     assert conn.zscore(keys.leases_key('heroku'), job.id) is None
     assert 'Imminent shutdown, raising ShutDownImminentException in 6 seconds' in worker.output()

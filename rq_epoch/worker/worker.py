@@ -54,6 +54,7 @@ from .failover import PrimaryWatch, is_outage
 from .fence import Fence, arm
 from .heartbeats import confirm_grant, grant_again, heartbeat_round_trip, lease_ttl
 from .outcomes import OutcomeWriter
+from .reaping import HorseReaper
 from .stopping import StopRequest, hand_back, mark_stopping
 from .take import Taker
 from .tickets import take_tickets
@@ -209,6 +210,8 @@ class Worker(RQWorker):
         #: The work-horse's exit as this worker reaped it when it stopped it to hand its job
         #: back; given to RQ's monitor by the next :meth:`wait_for_horse`.
         self._reaped: tuple[int | None, int | None, Any] | None = None
+        #: Reaps the work-horse without losing its exit status to RQ's monitor alarm.
+        self._reaper = HorseReaper()
         #: ``time.monotonic()`` of the last lease heartbeat sent while stopping.
         self._last_stopping_beat = float('-inf')
         #: The execution a work-horse runs (set in the work-horse, for Heroku's hand-back).
@@ -542,8 +545,12 @@ class Worker(RQWorker):
             rq_adapter.bring_monitor_alarm_forward()
 
     def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
-        """Wait for the work-horse as RQ does; after a hand-back, report the work-horse reaped then.
+        """Wait for the work-horse as RQ does, without losing its exit status; after a hand-back,
+        report the work-horse reaped then.
 
+        RQ's monitor alarm may land just after the work-horse was reaped: the exit is noted
+        before the reap (:class:`~rq_epoch.worker.reaping.HorseReaper`), so RQ's next wait still
+        learns how it exited, and a job its work-horse handed back or requeued is not failed.
         A work-horse stopped to hand its job back was reaped by :meth:`stop_and_hand_back`; RQ's
         monitor is told it exited normally (status 0), since its job is not failed: it runs
         again elsewhere.
@@ -553,7 +560,7 @@ class Worker(RQWorker):
             return reaped
         self._in_horse_wait = True
         try:
-            return cast('tuple[int | None, int | None, Any]', super().wait_for_horse())
+            return self._reaper.wait(self.horse_pid)
         finally:
             self._in_horse_wait = False
 
@@ -616,7 +623,7 @@ class Worker(RQWorker):
             'Worker %s: stopping work-horse %s of job %s to hand the job back', self.name, self.horse_pid, job.id
         )
         self.kill_horse()
-        pid, status, rusage = super().wait_for_horse()
+        pid, status, rusage = self._reaper.wait(self.horse_pid)
         reply = self.hand_back(job, execution)
         if reply is not None and (reply.handed_back or reply.landed_before):
             self._handed_back_job_ids.add(job.id)
