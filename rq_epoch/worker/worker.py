@@ -432,6 +432,7 @@ class Worker(RQWorker):
         When the horse died and the server is unreachable at that moment, its failure is
         recorded once the server returns (unless the job already left "started").
         """
+        self._reaper = HorseReaper()  # a new work-horse: no exit noted yet (a pid may be reused)
         try:
             super().monitor_work_horse(job, queue, *args)
         except CONNECTION_ERRORS as exc:
@@ -558,6 +559,8 @@ class Worker(RQWorker):
         reaped, self._reaped = self._reaped, None
         if reaped is not None:
             return reaped
+        if not self.horse_pid:  # no work-horse: RQ's own wait
+            return cast('tuple[int | None, int | None, Any]', super().wait_for_horse())
         self._in_horse_wait = True
         try:
             return self._reaper.wait(self.horse_pid)
