@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ['HorseReaper', 'wait_status']
+__all__ = ['HorseReaper', 'WaitResult', 'wait_status']
 
 #: What RQ's ``wait_for_horse`` returns: the pid reaped, its wait status, its resource usage.
 WaitResult = tuple[int | None, int | None, Any]

@@ -54,7 +54,7 @@ from .failover import PrimaryWatch, is_outage
 from .fence import Fence, arm
 from .heartbeats import confirm_grant, grant_again, heartbeat_round_trip, lease_ttl
 from .outcomes import OutcomeWriter
-from .reaping import HorseReaper
+from .reaping import HorseReaper, WaitResult
 from .stopping import StopRequest, hand_back, mark_stopping
 from .take import Taker
 from .tickets import take_tickets
@@ -209,7 +209,7 @@ class Worker(RQWorker):
         self._in_horse_wait = False
         #: The work-horse's exit as this worker reaped it when it stopped it to hand its job
         #: back; given to RQ's monitor by the next :meth:`wait_for_horse`.
-        self._reaped: tuple[int | None, int | None, Any] | None = None
+        self._reaped: WaitResult | None = None
         #: Reaps the work-horse without losing its exit status to RQ's monitor alarm.
         self._reaper = HorseReaper()
         #: ``time.monotonic()`` of the last lease heartbeat sent while stopping.
@@ -545,7 +545,7 @@ class Worker(RQWorker):
         if self._in_horse_wait:
             rq_adapter.bring_monitor_alarm_forward()
 
-    def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
+    def wait_for_horse(self) -> WaitResult:
         """Wait for the work-horse as RQ does, without losing its exit status; after a hand-back,
         report the work-horse reaped then.
 
@@ -560,7 +560,7 @@ class Worker(RQWorker):
         if reaped is not None:
             return reaped
         if not self.horse_pid:  # no work-horse: RQ's own wait
-            return cast('tuple[int | None, int | None, Any]', super().wait_for_horse())
+            return cast('WaitResult', super().wait_for_horse())
         self._in_horse_wait = True
         try:
             return self._reaper.wait(self.horse_pid)
